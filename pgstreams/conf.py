@@ -1,0 +1,110 @@
+"""Settings: the one place that reads ``settings.PGSTREAMS``.
+
+Every value is read when it is used, so ``override_settings`` takes effect at once. Each setting
+has one validation rule, shared by its accessor (which raises ``ImproperlyConfigured``) and by the
+system checks in ``checks.py``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+DEFAULTS: dict[str, Any] = {
+    "NOTIFY_MODE": "buffered",
+    "FLUSH_INTERVAL": 0.01,
+    "POLL_INTERVAL": 1.0,
+    "CHANNEL": "pgstreams",
+    "MAX_CHUNK_BYTES": 65536,
+    "DATABASE": "default",
+}
+
+NOTIFY_MODES = ("buffered", "per_write", "off")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def _positive_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+def _identifier(value: Any) -> bool:
+    return isinstance(value, str) and bool(_IDENTIFIER.match(value)) and len(value.encode()) <= 63
+
+
+# name -> (rule, what a valid value looks like)
+_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "NOTIFY_MODE": (lambda v: v in NOTIFY_MODES, f"one of {', '.join(map(repr, NOTIFY_MODES))}"),
+    "FLUSH_INTERVAL": (_positive_number, "a positive number of seconds"),
+    "POLL_INTERVAL": (_positive_number, "a positive number of seconds"),
+    "CHANNEL": (
+        _identifier,
+        "a plain SQL identifier (letters, digits and underscores, not starting with a digit) "
+        "of at most 63 bytes",
+    ),
+    "MAX_CHUNK_BYTES": (
+        lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
+        "a positive whole number of bytes",
+    ),
+    "DATABASE": (lambda v: isinstance(v, str) and v in settings.DATABASES, "a key of settings.DATABASES"),
+}
+
+
+def _user_settings() -> dict[str, Any]:
+    value = getattr(settings, "PGSTREAMS", None)
+    return value if isinstance(value, dict) else {}
+
+
+def get(name: str) -> Any:
+    """Return setting ``name`` from ``settings.PGSTREAMS``, or its default (unvalidated)."""
+    if name not in DEFAULTS:
+        raise KeyError(f"unknown pgstreams setting {name!r}; the settings are {', '.join(DEFAULTS)}")
+    return _user_settings().get(name, DEFAULTS[name])
+
+
+def problem(name: str) -> str | None:
+    """Say what is wrong with setting ``name``, or return None when it is valid."""
+    value = get(name)
+    rule, expected = _RULES[name]
+    if rule(value):
+        return None
+    return f"PGSTREAMS[{name!r}] is {value!r}; it must be {expected}"
+
+
+def unknown_keys() -> list[str]:
+    """Keys of ``settings.PGSTREAMS`` that pgstreams does not know (most likely typos)."""
+    return sorted(set(_user_settings()) - set(DEFAULTS))
+
+
+def _valid(name: str) -> Any:
+    error = problem(name)
+    if error:
+        raise ImproperlyConfigured(error)
+    return get(name)
+
+
+def notify_mode() -> str:
+    return _valid("NOTIFY_MODE")
+
+
+def flush_interval() -> float:
+    return float(_valid("FLUSH_INTERVAL"))
+
+
+def poll_interval() -> float:
+    return float(_valid("POLL_INTERVAL"))
+
+
+def channel() -> str:
+    return _valid("CHANNEL")
+
+
+def max_chunk_bytes() -> int:
+    return _valid("MAX_CHUNK_BYTES")
+
+
+def database() -> str:
+    return _valid("DATABASE")

@@ -1,0 +1,497 @@
+"""The per-process listener: one LISTEN connection, one fetch connection and the fallback poll,
+shared by every reader, sync or async, in the process.
+
+It runs an asyncio loop in one named daemon thread. For each stream that readers here follow it
+keeps a ``Tail``: a bounded window of the chunks fetched last, and the highest offset announced.
+Notifications, commits in this process and the poll only mark tails dirty; one query then fetches
+the new chunks of every dirty tail together with each stream's state, in one snapshot, and wakes
+the readers of the tails that moved. Readers never query the database themselves: a reader behind
+the window asks for a page, and readers asking for the same page share one fetch.
+
+Readers wait for "the tail has passed my offset", never for a flag another reader could clear.
+This module does not write to the database and does not know about the notification buffer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import datetime
+import logging
+import os
+import random
+import threading
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import psycopg
+from psycopg import sql
+
+from . import conf, db, notify
+from .exceptions import StreamError, StreamNotFound
+
+logger = logging.getLogger("pgstreams.listener")
+
+# Chunks fetched at most per stream and query.
+PAGE_SIZE: Final = 500
+# A tail keeps at most this many chunks and characters of data (but always the last page).
+WINDOW_CHUNKS: Final = 2048
+WINDOW_CHARS: Final = 1 << 20
+# Chunks handed to a reader at once.
+BATCH: Final = 256
+
+# One snapshot gives each stream's state and the chunks from the wanted offset, so "closed, and
+# next_offset is N" and "every chunk below N is here" are seen together.
+FETCH_SQL = """
+SELECT w.i, s.next_offset, s.closed_at IS NOT NULL, c."offset", c.data, c.created_at
+FROM unnest(%s::uuid[], %s::bigint[]) WITH ORDINALITY AS w(stream_id, from_offset, i)
+LEFT JOIN pgstreams_stream AS s ON s.id = w.stream_id
+LEFT JOIN LATERAL (
+    SELECT k."offset", k.data, k.created_at
+    FROM pgstreams_chunk AS k
+    WHERE k.stream_id = w.stream_id AND k."offset" >= w.from_offset
+    ORDER BY k."offset"
+    LIMIT %s
+) AS c ON true
+ORDER BY w.i, c."offset"
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamChunk:
+    """One chunk as readers receive it."""
+
+    stream_id: uuid.UUID
+    offset: int
+    data: str
+    created_at: datetime.datetime
+
+
+@dataclass(slots=True)
+class Page:
+    """What one fetch found for (stream, from_offset): chunks and the stream's state."""
+
+    exists: bool
+    next_offset: int = 0
+    closed: bool = False
+    chunks: list[StreamChunk] = field(default_factory=list)
+
+
+class End:
+    """Returned by ``Listener.step()`` when a reader has read all of a closed stream."""
+
+
+END: Final = End()
+
+Waiter = threading.Event | asyncio.Event
+Step = list[StreamChunk] | End | concurrent.futures.Future | Waiter
+
+
+@dataclass(slots=True, eq=False)
+class Tail:
+    """What this process knows of one followed stream."""
+
+    stream_id: uuid.UUID
+    readers: int = 0
+    # window holds chunks start .. end-1; start is None until the first fetch.
+    start: int | None = None
+    end: int = 0
+    window: list[StreamChunk] = field(default_factory=list)
+    window_chars: int = 0
+    hint: int = 0  # highest next_offset announced or seen
+    close_hinted: bool = False
+    final: int | None = None  # next_offset once the stream is known to be closed
+    gone: bool = False  # the stream was deleted
+    dirty: bool = False
+    polled: bool = False
+    waiters: dict[asyncio.AbstractEventLoop | None, Waiter] = field(default_factory=dict)
+
+    def wants_fetch(self) -> bool:
+        return self.hint > self.end or (self.close_hinted and self.final is None)
+
+    def merge(self, from_offset: int, page: Page) -> bool:
+        """Fold a page into the window; return whether readers have something new."""
+        moved = False
+        self.hint = max(self.hint, page.next_offset)
+        if page.closed and self.final is None:
+            self.final = page.next_offset
+            moved = True
+        chunks = page.chunks
+        if self.start is None:
+            if chunks:
+                self.start, self.end = from_offset, from_offset + len(chunks)
+                self._append(chunks)
+                moved = True
+            elif from_offset >= page.next_offset:
+                self.start = self.end = page.next_offset
+                moved = True
+        elif chunks and from_offset <= self.end < from_offset + len(chunks):
+            self._append(chunks[self.end - from_offset :])
+            self.end = from_offset + len(chunks)
+            moved = True
+        return moved
+
+    def _append(self, chunks: list[StreamChunk]) -> None:
+        # Trim from the front to the size limits, but never below the page just added.
+        self.window.extend(chunks)
+        self.window_chars += sum(len(c.data) for c in chunks)
+        drop, droppable = 0, len(self.window) - len(chunks)
+        while drop < droppable and (
+            len(self.window) - drop > WINDOW_CHUNKS or self.window_chars > WINDOW_CHARS
+        ):
+            self.window_chars -= len(self.window[drop].data)
+            drop += 1
+        if drop:
+            del self.window[:drop]
+            assert self.start is not None
+            self.start += drop
+
+
+class Listener:
+    """This process's listener; get it with ``get_listener()``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tails: dict[uuid.UUID, Tail] = {}
+        self._requests: dict[tuple[uuid.UUID, int], list[concurrent.futures.Future[Page]]] = {}
+        self._kicked = False
+        self._stopped = False
+        self.stats: Counter[str] = Counter()
+        self.listening = threading.Event()  # set while LISTEN is in effect
+        self._loop = asyncio.new_event_loop()
+        self._work = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._thread = threading.Thread(target=self._run, name="pgstreams-listener", daemon=True)
+        self._thread.start()
+
+    # -- the readers' side (any thread) --------------------------------------------------------
+
+    def attach(self, stream_id: uuid.UUID) -> Tail:
+        with self._lock:
+            tail = self._tails.get(stream_id)
+            if tail is None:
+                tail = self._tails[stream_id] = Tail(stream_id)
+            tail.readers += 1
+            return tail
+
+    def detach(self, tail: Tail) -> None:
+        with self._lock:
+            tail.readers -= 1
+            if tail.readers <= 0 and self._tails.get(tail.stream_id) is tail:
+                del self._tails[tail.stream_id]
+
+    def step(self, tail: Tail, pos: int, loop: asyncio.AbstractEventLoop | None) -> Step:
+        """What a reader at ``pos`` does next: take chunks, end, await a page, or wait.
+
+        The wait object is registered under the same lock that guards every change to the tail,
+        so a change after this call always sets it.
+        """
+        with self._lock:
+            if self._stopped:
+                raise StreamError("the pgstreams listener of this process was stopped; read again")
+            if tail.gone:
+                raise StreamNotFound(f"stream {tail.stream_id} was deleted while being read")
+            start = tail.start
+            if start is not None and start <= pos < tail.end:
+                i = pos - start
+                return tail.window[i : i + BATCH]
+            if tail.final is not None and pos >= tail.final:
+                return END
+            if start is None or pos < start:
+                return self._request(tail.stream_id, pos)
+            waiter = tail.waiters.get(loop)
+            if waiter is None:
+                waiter = tail.waiters[loop] = threading.Event() if loop is None else asyncio.Event()
+            return waiter
+
+    def _request(self, stream_id: uuid.UUID, pos: int) -> concurrent.futures.Future[Page]:
+        future: concurrent.futures.Future[Page] = concurrent.futures.Future()
+        self._requests.setdefault((stream_id, pos), []).append(future)
+        self._kick()
+        return future
+
+    # -- announcements (any thread) ------------------------------------------------------------
+
+    def announce(self, marks: list[notify.Mark]) -> None:
+        """Note that streams reached these offsets; tails that fall behind are fetched."""
+        with self._lock:
+            for mark in marks:
+                tail = self._tails.get(mark.stream_id)
+                if tail is None:
+                    continue
+                tail.hint = max(tail.hint, mark.next_offset)
+                tail.close_hinted |= mark.closed
+                if tail.wants_fetch() and tail.start is not None:
+                    tail.dirty = True
+                    self._kick()
+
+    def _kick(self) -> None:
+        # Called with the lock held; coalesces wake-ups of the loop.
+        if not self._kicked:
+            self._kicked = True
+            try:
+                self._loop.call_soon_threadsafe(self._work.set)
+            except RuntimeError:  # the loop is closed: the listener stopped
+                pass
+
+    # -- the loop (listener thread) ------------------------------------------------------------
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self._main())
+        except Exception:
+            logger.exception("pgstreams: the listener thread failed")
+        finally:
+            self._shut()
+            self._loop.close()
+
+    async def _main(self) -> None:
+        tasks = [
+            asyncio.create_task(self._listen_forever(), name="pgstreams-listen"),
+            asyncio.create_task(self._fetch_forever(), name="pgstreams-fetch"),
+            asyncio.create_task(self._poll_forever(), name="pgstreams-poll"),
+        ]
+        await self._stopping.wait()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _listen_forever(self) -> None:
+        backoff = db.Backoff()
+        connected_before = False
+        while True:
+            conn = None
+            try:
+                conn = await db.aconnect(conf.database(), "listener")
+                await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(conf.channel())))
+                if connected_before:
+                    self.stats["reconnects"] += 1
+                connected_before = True
+                backoff.reset()
+                self.listening.set()
+                # Whatever was announced while nobody listened is fetched now.
+                self._refetch_all()
+                async for note in conn.notifies():
+                    self.stats["notifications"] += 1
+                    self.announce(list(notify.decode(note.payload)))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.listening.clear()
+                self.stats["listen_errors"] += 1
+                logger.warning("pgstreams: listener connection lost, reconnecting: %s", exc)
+                self._refetch_all()
+                await asyncio.sleep(backoff.next())
+            finally:
+                self.listening.clear()
+                if conn is not None:
+                    await _close_quietly(conn)
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(conf.poll_interval() * random.uniform(0.8, 1.2))
+            with self._lock:
+                for tail in self._tails.values():
+                    tail.dirty = tail.polled = True
+                followed = bool(self._tails)
+            if followed:
+                self.stats["polls"] += 1
+                self._work.set()
+
+    def _refetch_all(self) -> None:
+        with self._lock:
+            for tail in self._tails.values():
+                tail.dirty = True
+            self._work.set()
+
+    async def _fetch_forever(self) -> None:
+        backoff = db.Backoff()
+        conn: psycopg.AsyncConnection[Any] | None = None
+        try:
+            while True:
+                await self._work.wait()
+                self._work.clear()
+                keys, polled = self._collect()
+                if not keys:
+                    continue
+                try:
+                    if conn is None or conn.closed:
+                        conn = await db.aconnect(conf.database(), "fetcher")
+                    pages = await _fetch(conn, keys)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    self.stats["fetch_errors"] += 1
+                    logger.warning("pgstreams: fetching chunks failed, retrying: %s", exc)
+                    if conn is not None:
+                        await _close_quietly(conn)
+                    conn = None
+                    with self._lock:
+                        for stream_id, _ in keys:
+                            if stream_id in self._tails:
+                                self._tails[stream_id].dirty = True
+                    await asyncio.sleep(backoff.next())
+                    self._work.set()
+                    continue
+                backoff.reset()
+                self.stats["fetches"] += 1
+                self._deliver(pages, polled)
+        finally:
+            if conn is not None:
+                await _close_quietly(conn)
+
+    def _collect(self) -> tuple[list[tuple[uuid.UUID, int]], set[uuid.UUID]]:
+        """The (stream, offset) pages to fetch now: readers' requests and dirty tails."""
+        with self._lock:
+            self._kicked = False
+            keys = set(self._requests)
+            polled = set()
+            for tail in self._tails.values():
+                if tail.dirty and tail.start is not None:
+                    keys.add((tail.stream_id, tail.end))
+                    if tail.polled:
+                        polled.add(tail.stream_id)
+                tail.dirty = tail.polled = False
+            return list(keys), polled
+
+    def _deliver(self, pages: dict[tuple[uuid.UUID, int], Page], polled: set[uuid.UUID]) -> None:
+        wake: list[tuple[asyncio.AbstractEventLoop | None, Waiter]] = []
+        answered: list[tuple[list[concurrent.futures.Future[Page]], Page]] = []
+        with self._lock:
+            for key, page in pages.items():
+                stream_id, from_offset = key
+                futures = self._requests.pop(key, None)
+                if futures:
+                    answered.append((futures, page))
+                tail = self._tails.get(stream_id)
+                if tail is None:
+                    continue
+                if not page.exists:
+                    tail.gone = True
+                    moved = True
+                else:
+                    announced = tail.hint
+                    moved = tail.merge(from_offset, page)
+                    if stream_id in polled and page.next_offset > announced:
+                        self.stats["poll_found"] += 1
+                if tail.wants_fetch() and tail.start is not None:
+                    tail.dirty = True
+                    self._work.set()
+                if moved:
+                    wake.extend(tail.waiters.items())
+                    tail.waiters.clear()
+        for futures, page in answered:
+            for future in futures:
+                future.set_result(page)
+        _wake(wake)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the thread and close its connections; waiting readers get a StreamError."""
+        if self._thread.is_alive():
+            try:
+                self._loop.call_soon_threadsafe(self._stopping.set)
+            except RuntimeError:
+                pass
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                logger.warning("pgstreams: listener thread did not stop within %.1f s", timeout)
+        self._shut()
+
+    def _shut(self) -> None:
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            requests, self._requests = self._requests, {}
+            wake = [item for tail in self._tails.values() for item in tail.waiters.items()]
+        for futures in requests.values():
+            for future in futures:
+                future.set_exception(StreamError("the pgstreams listener of this process was stopped"))
+        _wake(wake)
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def followed(self) -> int:
+        """How many streams readers in this process follow."""
+        return len(self._tails)
+
+
+async def _fetch(
+    conn: psycopg.AsyncConnection[Any], keys: list[tuple[uuid.UUID, int]]
+) -> dict[tuple[uuid.UUID, int], Page]:
+    cursor = await conn.execute(FETCH_SQL, ([k[0] for k in keys], [k[1] for k in keys], PAGE_SIZE))
+    pages: dict[tuple[uuid.UUID, int], Page] = {}
+    for i, next_offset, closed, offset, data, created_at in await cursor.fetchall():
+        key = keys[i - 1]
+        page = pages.get(key)
+        if page is None:
+            page = pages[key] = Page(exists=next_offset is not None, next_offset=next_offset or 0, closed=bool(closed))
+        if offset is not None:
+            page.chunks.append(StreamChunk(key[0], offset, data, created_at))
+    return pages
+
+
+def _wake(waiters: list[tuple[asyncio.AbstractEventLoop | None, Waiter]]) -> None:
+    for loop, waiter in waiters:
+        if loop is None:
+            waiter.set()
+        else:
+            try:
+                loop.call_soon_threadsafe(waiter.set)
+            except RuntimeError:  # that reader's loop is closed
+                pass
+
+
+async def _close_quietly(conn: psycopg.AsyncConnection[Any]) -> None:
+    try:
+        await conn.close()
+    except Exception:
+        pass
+
+
+_listener: Listener | None = None
+_listener_lock = threading.Lock()
+
+
+def get_listener() -> Listener:
+    """This process's listener, started on first use (and anew in a forked child)."""
+    global _listener
+    current = _listener
+    if current is None or current.stopped:
+        with _listener_lock:
+            if _listener is None or _listener.stopped:
+                _listener = Listener()
+            current = _listener
+    return current
+
+
+def announce_local(mark: notify.Mark) -> None:
+    """Wake this process's readers of a stream that a commit here just advanced."""
+    current = _listener
+    if current is not None:
+        current.announce([mark])
+
+
+def stop_listener() -> None:
+    """Stop this process's listener, if it runs; the next reader starts a new one."""
+    global _listener
+    with _listener_lock:
+        current, _listener = _listener, None
+    if current is not None:
+        current.stop()
+
+
+def _after_fork_in_child() -> None:
+    global _listener, _listener_lock
+    _listener = None
+    _listener_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(stop_listener)

@@ -1,0 +1,213 @@
+"""Notifications: the payload format and the per-process buffer with its flusher thread.
+
+A notification only says "stream X has reached offset N" (and whether it is closed); readers
+then read the table. The buffer keeps one entry per stream (highest offset wins), and the flusher
+sends all of it in one transaction on its own connection, so the global lock Postgres takes to
+commit a NOTIFY is taken once per flush instead of once per write. This module never reads chunks
+and never runs in the writer's transaction.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple
+
+import psycopg
+
+from . import conf, db
+
+logger = logging.getLogger("pgstreams.notify")
+
+# Postgres refuses a NOTIFY payload of 8000 bytes or more.
+PAYLOAD_LIMIT = 7999
+# At most this many streams wait in one process's buffer; beyond it entries are dropped (and
+# counted), and readers' polling delivers those chunks.
+MAX_PENDING = 100_000
+
+
+class Mark(NamedTuple):
+    """What a notification says about one stream."""
+
+    stream_id: uuid.UUID
+    next_offset: int
+    closed: bool
+
+
+def encode(mark: Mark) -> str:
+    entry = f"{mark.stream_id.hex}:{mark.next_offset}"
+    return entry + ":c" if mark.closed else entry
+
+
+def decode(payload: str) -> Iterator[Mark]:
+    """Parse a payload; entries that are not ours are skipped, never fatal."""
+    for entry in payload.split(","):
+        parts = entry.split(":")
+        try:
+            yield Mark(uuid.UUID(hex=parts[0]), int(parts[1]), parts[2:] == ["c"])
+        except (ValueError, IndexError):
+            logger.debug("ignoring notification entry %r", entry)
+
+
+def pack(marks: Iterable[Mark], limit: int = PAYLOAD_LIMIT) -> list[str]:
+    """Join encoded marks with commas into as few payloads as fit under ``limit`` bytes each."""
+    payloads: list[str] = []
+    current: list[str] = []
+    size = 0
+    for mark in marks:
+        entry = encode(mark)  # ASCII: characters are bytes
+        if current and size + 1 + len(entry) > limit:
+            payloads.append(",".join(current))
+            current, size = [], 0
+        size += len(entry) + (1 if current else 0)
+        current.append(entry)
+    if current:
+        payloads.append(",".join(current))
+    return payloads
+
+
+NOTIFY_SQL = "SELECT pg_notify(%s, payload) FROM unnest(%s::text[]) AS payload"
+
+
+class Flusher:
+    """One process's notification buffer and the named daemon thread that drains it.
+
+    ``add()`` never blocks on the database. The thread flushes as soon as something is pending,
+    then waits ``FLUSH_INTERVAL`` before the next flush, so an idle process notifies at once and
+    a busy one notifies at most once per interval, with everything written meanwhile.
+    """
+
+    def __init__(self, *, autostart: bool = True) -> None:
+        self._autostart = autostart  # False: no thread; flush() is called by hand (tests)
+        self._lock = threading.Lock()
+        self._pending: dict[uuid.UUID, Mark] = {}
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._conn: psycopg.Connection[Any] | None = None
+        self._backoff = db.Backoff()
+        self.stats: Counter[str] = Counter()
+
+    def add(self, mark: Mark) -> None:
+        with self._lock:
+            old = self._pending.get(mark.stream_id)
+            if old is not None:
+                mark = Mark(mark.stream_id, max(old.next_offset, mark.next_offset), old.closed or mark.closed)
+            elif len(self._pending) >= MAX_PENDING:
+                self.stats["dropped"] += 1
+                return
+            self._pending[mark.stream_id] = mark
+            if self._thread is None and self._autostart:
+                self._start()
+        self._wake.set()
+
+    def depth(self) -> int:
+        return len(self._pending)
+
+    def _start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="pgstreams-flusher", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait()
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            started = time.monotonic()
+            delay = self.flush()
+            # At most one flush per interval; longer after a failure.
+            self._stop.wait(max(delay, conf.flush_interval() - (time.monotonic() - started)))
+
+    def flush(self) -> float:
+        """Send everything pending in one transaction; return how long to wait before the next.
+
+        A failed flush is logged, its notifications are dropped and counted (readers' polling
+        covers them), and the next flush reconnects.
+        """
+        with self._lock:
+            batch, self._pending = self._pending, {}
+        if not batch:
+            return 0.0
+        payloads = pack(batch.values())
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = db.connect(conf.database(), "flusher")
+            self._conn.execute(NOTIFY_SQL, (conf.channel(), payloads))
+        except Exception as exc:  # a database blip must not kill the thread
+            self.stats["dropped"] += len(batch)
+            self.stats["failed_flushes"] += 1
+            logger.warning(
+                "pgstreams: could not send %d notification(s), readers will catch up by polling: %s",
+                len(batch),
+                exc,
+            )
+            self._close()
+            return self._backoff.next()
+        self._backoff.reset()
+        self.stats["flushes"] += 1
+        self.stats["notified"] += len(batch)
+        self.stats["payloads"] += len(payloads)
+        return 0.0
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the thread, then send what is still pending (the final flush at exit)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                logger.warning("pgstreams: flusher thread did not stop within %.1f s", timeout)
+        try:
+            self.flush()
+        finally:
+            self._close()
+
+    def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # closing a broken connection may fail; nothing to do
+                pass
+
+
+_flusher: Flusher | None = None
+_flusher_lock = threading.Lock()
+
+
+def flusher() -> Flusher:
+    """This process's flusher, made on first use (and anew in a forked child)."""
+    global _flusher
+    if _flusher is None:
+        with _flusher_lock:
+            if _flusher is None:
+                _flusher = Flusher()
+    return _flusher
+
+
+def stop_flusher() -> None:
+    """Stop this process's flusher after a final flush; the next write starts a new one."""
+    global _flusher
+    with _flusher_lock:
+        current, _flusher = _flusher, None
+    if current is not None:
+        current.stop()
+
+
+def _after_fork_in_child() -> None:
+    # The parent's thread does not exist here and its lock may be held: start from nothing.
+    # (psycopg never closes a connection inherited from the parent when it is collected.)
+    global _flusher, _flusher_lock
+    _flusher = None
+    _flusher_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(stop_flusher)

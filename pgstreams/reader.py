@@ -1,0 +1,143 @@
+"""Read path: ``read()`` and ``aread()``, which yield a stream's chunks in order, exactly once.
+
+The table is the truth: readers take chunks from this process's listener (which fetched them
+from the table) and wait on it for more. No SQL here, and no database connection per reader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from .exceptions import ReadTimeout, StreamError, StreamNotFound
+from .listener import END, Listener, Page, StreamChunk, Tail, get_listener
+from .writer import stream_uuid
+
+
+def _start_offset(from_offset: Any) -> int:
+    if isinstance(from_offset, bool) or not isinstance(from_offset, int):
+        raise TypeError(f"from_offset must be an int, not {type(from_offset).__name__}")
+    if from_offset < 0:
+        raise ValueError(f"from_offset must be 0 or more, not {from_offset}")
+    return from_offset
+
+
+def _check_timeout(timeout: float | None) -> None:
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds or None, not {timeout!r}")
+
+
+def _page_chunks(page: Page, stream_id: uuid.UUID, pos: int) -> list[StreamChunk]:
+    if not page.exists:
+        raise StreamNotFound(f"no stream {stream_id}")
+    if not page.chunks and pos < page.next_offset:
+        raise StreamError(f"stream {stream_id} lost chunks from offset {pos} while being read (was it pruned?)")
+    return page.chunks
+
+
+class _Deadline:
+    """The time left to wait for the next chunk; renewed whenever chunks arrive."""
+
+    def __init__(self, timeout: float | None) -> None:
+        self.timeout = timeout
+        self.renew()
+
+    def renew(self) -> None:
+        self.at = None if self.timeout is None else time.monotonic() + self.timeout
+
+    def left(self, stream_id: uuid.UUID) -> float | None:
+        if self.at is None:
+            return None
+        left = self.at - time.monotonic()
+        if left <= 0:
+            raise ReadTimeout(f"no chunk from stream {stream_id} within {self.timeout} s")
+        return left
+
+
+def read(stream_id: Any, *, from_offset: int = 0, timeout: float | None = None) -> Iterator[StreamChunk]:
+    """Yield every chunk with offset >= ``from_offset``, in order, exactly once; return once the
+    stream is closed and every chunk was yielded.
+
+    Args:
+        stream_id: a stream's id (UUID or str) or the Stream itself.
+        from_offset: where to start, e.g. one past the last offset a client saw.
+        timeout: seconds to wait for each next chunk; ``ReadTimeout`` when it passes.
+
+    Blocks the calling thread; in async code use ``aread()``.
+    """
+    sid = stream_uuid(stream_id)
+    start = _start_offset(from_offset)
+    _check_timeout(timeout)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return _read(sid, start, timeout)
+    raise StreamError("read() would block this event loop; use 'async for chunk in aread(...)' instead")
+
+
+def _read(sid: uuid.UUID, pos: int, timeout: float | None) -> Iterator[StreamChunk]:
+    listener = get_listener()
+    tail = listener.attach(sid)
+    deadline = _Deadline(timeout)
+    try:
+        while True:
+            step = listener.step(tail, pos, None)
+            if step is END:
+                return
+            if isinstance(step, list):
+                chunks = step
+            elif isinstance(step, concurrent.futures.Future):
+                try:
+                    chunks = _page_chunks(step.result(deadline.left(sid)), sid, pos)
+                except concurrent.futures.TimeoutError:
+                    raise ReadTimeout(f"no chunk from stream {sid} within {timeout} s") from None
+            else:
+                if not step.wait(deadline.left(sid)):
+                    deadline.left(sid)  # raises ReadTimeout
+                continue
+            if chunks:
+                yield from chunks
+                pos = chunks[-1].offset + 1
+                deadline.renew()
+    finally:
+        listener.detach(tail)
+
+
+async def aread(stream_id: Any, *, from_offset: int = 0, timeout: float | None = None) -> AsyncIterator[StreamChunk]:
+    """``read()`` for async code: the same semantics, and it never blocks the event loop."""
+    sid = stream_uuid(stream_id)
+    pos = _start_offset(from_offset)
+    _check_timeout(timeout)
+    loop = asyncio.get_running_loop()
+    listener = get_listener()
+    tail = listener.attach(sid)
+    deadline = _Deadline(timeout)
+    try:
+        while True:
+            step = listener.step(tail, pos, loop)
+            if step is END:
+                return
+            if isinstance(step, list):
+                chunks = step
+            else:
+                waitable = asyncio.wrap_future(step) if isinstance(step, concurrent.futures.Future) else step.wait()
+                try:
+                    result = await asyncio.wait_for(waitable, deadline.left(sid))
+                except TimeoutError:
+                    raise ReadTimeout(f"no chunk from stream {sid} within {timeout} s") from None
+                if not isinstance(result, Page):
+                    continue
+                chunks = _page_chunks(result, sid, pos)
+            if chunks:
+                for chunk in chunks:
+                    yield chunk
+                pos = chunks[-1].offset + 1
+                deadline.renew()
+    finally:
+        listener.detach(tail)
+
+

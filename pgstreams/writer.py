@@ -1,0 +1,203 @@
+"""Write path: create_stream, write, write_many, close, and their async twins.
+
+Each call is one statement on Django's connection for the alias, so it joins the caller's
+transaction. After commit (``transaction.on_commit``) the stream's new high-water mark goes to
+this process's notification buffer and wakes this process's readers; nothing is announced for a
+transaction that rolls back. Never reads chunks and never waits for a flush.
+"""
+
+from __future__ import annotations
+
+import uuid
+from functools import partial
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db import connections, transaction
+
+from . import conf, listener, notify
+from .exceptions import ChunkTooLarge, InvalidChunk, StreamClosed, StreamNotFound
+from .models import Stream
+
+# The stream row's counter is taken and the chunk inserted in one statement. The UPDATE's row
+# lock serialises the writers of one stream until commit, so per stream commit order is offset
+# order and a rolled-back write leaves no gap. No row from the UPDATE: unknown or closed stream.
+_WRITE_SQL = """
+WITH s AS (
+    UPDATE pgstreams_stream SET next_offset = next_offset + 1
+    WHERE id = %(id)s AND closed_at IS NULL
+    RETURNING next_offset - 1 AS off
+)
+INSERT INTO pgstreams_chunk (stream_id, "offset", data, created_at)
+SELECT %(id)s, s.off, %(data)s, now() FROM s
+RETURNING "offset"
+"""
+
+_WRITE_MANY_SQL = """
+WITH s AS (
+    UPDATE pgstreams_stream SET next_offset = next_offset + %(n)s
+    WHERE id = %(id)s AND closed_at IS NULL
+    RETURNING next_offset - %(n)s AS base
+)
+INSERT INTO pgstreams_chunk (stream_id, "offset", data, created_at)
+SELECT %(id)s, s.base + t.i - 1, t.data, now()
+FROM s, unnest(%(items)s::text[]) WITH ORDINALITY AS t(data, i)
+RETURNING "offset"
+"""
+
+_CLOSE_SQL = """
+UPDATE pgstreams_stream SET closed_at = now()
+WHERE id = %(id)s AND closed_at IS NULL
+RETURNING next_offset
+"""
+
+# NOTIFY_MODE "per_write": the classic design, a notification inside the writing transaction
+# (the benchmark's baseline). The payload is the same one the flusher sends.
+_PER_WRITE_NOTIFY = ", pg_notify(%(channel)s, %(hex)s || ':' || ({next_offset}){suffix})"
+_PER_WRITE = {
+    "write": _WRITE_SQL + _PER_WRITE_NOTIFY.format(next_offset='"offset" + 1', suffix=""),
+    "write_many": _WRITE_MANY_SQL + _PER_WRITE_NOTIFY.format(next_offset='"offset" + 1', suffix=""),
+    "close": _CLOSE_SQL + _PER_WRITE_NOTIFY.format(next_offset="next_offset", suffix=" || ':c'"),
+}
+_QUIET = {"write": _WRITE_SQL, "write_many": _WRITE_MANY_SQL, "close": _CLOSE_SQL}
+
+
+def stream_uuid(stream_id: Any) -> uuid.UUID:
+    """``stream_id`` as a UUID; a value that cannot be one names no stream."""
+    if isinstance(stream_id, uuid.UUID):
+        return stream_id
+    if isinstance(stream_id, Stream):
+        return stream_id.id
+    try:
+        return uuid.UUID(str(stream_id))
+    except ValueError:
+        raise StreamNotFound(f"{stream_id!r} is not a stream id (stream ids are UUIDs)") from None
+
+
+def _check_chunk(data: Any, limit: int) -> None:
+    if not isinstance(data, str):
+        raise TypeError(f"chunk data must be str, not {type(data).__name__}; decode bytes before writing")
+    try:
+        size = len(data.encode())
+    except UnicodeEncodeError:
+        raise InvalidChunk("chunk data is not valid Unicode text (it holds a lone surrogate)") from None
+    if size > limit:
+        raise ChunkTooLarge(
+            f"chunk is {size} bytes in UTF-8, over PGSTREAMS['MAX_CHUNK_BYTES'] = {limit}; "
+            "split it into smaller chunks (write_many takes a list)"
+        )
+    if "\x00" in data:
+        raise InvalidChunk("chunk data holds a NUL character, which PostgreSQL text cannot store; remove or escape it")
+
+
+def _execute(kind: str, alias: str, mode: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    if mode == "per_write":
+        sql = _PER_WRITE[kind]
+        params = {**params, "channel": conf.channel(), "hex": params["id"].hex}
+    else:
+        sql = _QUIET[kind]
+    with connections[alias].cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+        if not rows:
+            cursor.execute("SELECT closed_at FROM pgstreams_stream WHERE id = %s", [params["id"]])
+            found = cursor.fetchone()
+            if found is None:
+                raise StreamNotFound(f"no stream {params['id']} in database {alias!r}")
+            closed_at = found[0].isoformat()
+            if kind == "close":
+                raise StreamClosed(f"stream {params['id']} is already closed (since {closed_at})")
+            raise StreamClosed(f"stream {params['id']} was closed at {closed_at}; create a new stream to write more")
+    return rows
+
+
+def _announce_after_commit(alias: str, mode: str, mark: notify.Mark) -> None:
+    if mode != "off":
+        transaction.on_commit(partial(_announce, mode, mark), using=alias)
+
+
+def _announce(mode: str, mark: notify.Mark) -> None:
+    if mode == "buffered":
+        notify.flusher().add(mark)
+    listener.announce_local(mark)
+
+
+def create_stream(
+    *,
+    owner: Any = None,
+    label: str = "",
+    metadata: dict[str, Any] | None = None,
+    using: str | None = None,
+) -> Stream:
+    """Create an open, empty stream and return it.
+
+    Args:
+        owner: the user who may read it (besides staff); None makes it readable by its id alone.
+        label: a short description, shown in the admin (at most 200 characters).
+        metadata: any JSON-serialisable dict.
+        using: database alias; defaults to ``PGSTREAMS['DATABASE']``.
+    """
+    if not isinstance(label, str) or len(label) > 200:
+        raise ValueError("label must be a str of at most 200 characters")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise TypeError(f"metadata must be a dict, not {type(metadata).__name__}")
+    return Stream.objects.using(using or conf.database()).create(owner=owner, label=label, metadata=metadata or {})
+
+
+def write(stream_id: Any, data: str, *, using: str | None = None) -> int:
+    """Append ``data`` to a stream in one round trip and return its offset.
+
+    Inside ``transaction.atomic()`` the chunk is visible, and announced, only after commit.
+
+    Raises:
+        StreamNotFound, StreamClosed, ChunkTooLarge, InvalidChunk; TypeError for non-str data.
+    """
+    sid = stream_uuid(stream_id)
+    _check_chunk(data, conf.max_chunk_bytes())
+    alias = using or conf.database()
+    mode = conf.notify_mode()
+    offset: int = _execute("write", alias, mode, {"id": sid, "data": data})[0][0]
+    _announce_after_commit(alias, mode, notify.Mark(sid, offset + 1, False))
+    return offset
+
+
+def write_many(stream_id: Any, items: list[str], *, using: str | None = None) -> list[int]:
+    """Append several chunks in one statement and return their offsets, in order.
+
+    Every item is checked before the database is touched: one bad item writes nothing.
+    """
+    sid = stream_uuid(stream_id)
+    if isinstance(items, (str, bytes)) or not hasattr(items, "__iter__"):
+        raise TypeError(f"items must be a list of str, not {type(items).__name__}")
+    items = list(items)
+    limit = conf.max_chunk_bytes()
+    for data in items:
+        _check_chunk(data, limit)
+    if not items:
+        return []
+    alias = using or conf.database()
+    mode = conf.notify_mode()
+    rows = _execute("write_many", alias, mode, {"id": sid, "n": len(items), "items": items})
+    offsets = sorted(row[0] for row in rows)
+    _announce_after_commit(alias, mode, notify.Mark(sid, offsets[-1] + 1, False))
+    return offsets
+
+
+def close(stream_id: Any, *, using: str | None = None) -> int:
+    """Close a stream: it takes no more writes, and its readers end once they have read it all.
+
+    Returns the number of chunks it holds. Raises StreamNotFound, or StreamClosed if it was
+    already closed.
+    """
+    sid = stream_uuid(stream_id)
+    alias = using or conf.database()
+    mode = conf.notify_mode()
+    next_offset: int = _execute("close", alias, mode, {"id": sid})[0][0]
+    _announce_after_commit(alias, mode, notify.Mark(sid, next_offset, True))
+    return next_offset
+
+
+acreate_stream = sync_to_async(create_stream)
+awrite = sync_to_async(write)
+awrite_many = sync_to_async(write_many)
+aclose = sync_to_async(close)

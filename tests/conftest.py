@@ -1,0 +1,69 @@
+"""Fixtures shared by the suite: every test talks to a real Postgres (embedded or DATABASE_URL)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.db import connection
+from psycopg.conninfo import make_conninfo
+
+from pgstreams import listener, notify
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_background_threads(django_db_setup: None, django_db_blocker)  -> Iterator[None]:
+    """Close pgstreams' own connections before pytest-django drops the test database."""
+    yield
+    listener.stop_listener()
+    notify.stop_flusher()
+    # Django connections left open in other threads (sync_to_async's) would block the drop.
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+
+
+@pytest.fixture
+def fresh_listener() -> Iterator[None]:
+    """A listener started inside the test (so it sees the test's settings), stopped after it."""
+    listener.stop_listener()
+    yield
+    listener.stop_listener()
+
+
+def test_database_url() -> str:
+    """A libpq connection string for the test database, for other processes."""
+    s = connection.settings_dict
+    return make_conninfo(
+        dbname=s["NAME"], user=s["USER"] or None, password=s["PASSWORD"] or None,
+        host=s["HOST"] or None, port=s["PORT"] or None,
+    )
+
+
+@pytest.fixture
+def spawn():
+    """Start ``python -m tests.workers ARGS`` against the test database; all are killed after."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(*args: str) -> subprocess.Popen[str]:
+        env = {**os.environ, "DATABASE_URL": test_database_url(), "DJANGO_SETTINGS_MODULE": "demo_project.settings"}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.workers", *args],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)

@@ -1,0 +1,127 @@
+"""Readers here, writers in other processes: exact delivery across processes, a writer killed
+before its flush, and the listener's backend terminated under readers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+from django.db import connection
+from django.test import override_settings
+
+import pgstreams
+from pgstreams import listener
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess]
+
+
+class Reader(threading.Thread):
+    """Reads a stream in a thread; stops after ``limit`` chunks (or at the stream's end)."""
+
+    def __init__(self, stream_id, limit: int | None = None, timeout: float = 30) -> None:
+        super().__init__(daemon=True)
+        self.stream_id, self.limit, self.timeout = stream_id, limit, timeout
+        self.got: list[tuple[int, str]] = []
+        self.last_at = 0.0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            for chunk in pgstreams.read(self.stream_id, timeout=self.timeout):
+                self.got.append((chunk.offset, chunk.data))
+                self.last_at = time.monotonic()
+                if self.limit is not None and len(self.got) >= self.limit:
+                    return
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+
+
+def test_a_reader_gets_exactly_what_16_writer_threads_in_another_process_committed(spawn) -> None:
+    s = pgstreams.create_stream()
+    readers = [Reader(s.id) for _ in range(2)]
+    for r in readers:
+        r.start()
+    proc = spawn("threads", "--stream", str(s.id), "--threads", "16", "--per-thread", "40")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    committed = [tuple(pair) for pair in json.loads(out)]
+    for r in readers:
+        r.join(30)
+        assert r.error is None and not r.is_alive()
+        assert r.got == committed
+    # Gap-free although some writes rolled back; each thread's writes in its own order.
+    assert [o for o, _ in committed] == list(range(len(committed)))
+    assert len(committed) == 16 * 40 - 16 * len([i for i in range(40) if i % 7 == 3])
+    for t in range(16):
+        mine = [int(d.split("-")[1]) for _, d in committed if d.startswith(f"t{t}-")]
+        assert mine == sorted(mine)
+
+
+@pytest.mark.usefixtures("fresh_listener")
+def test_a_writer_killed_before_its_flush_is_caught_up_by_polling(spawn) -> None:
+    poll = 0.5
+    with override_settings(PGSTREAMS={"POLL_INTERVAL": poll}):
+        s = pgstreams.create_stream()
+        reader = Reader(s.id, limit=20)
+        reader.start()
+        hub = listener.get_listener()
+        proc = spawn("hang", "--stream", str(s.id), "--count", "20", "--flush-interval", "3600")
+        assert proc.stdout.readline().strip() == "written"
+        os.kill(proc.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        proc.wait(10)
+        reader.join(poll * 1.2 + 5)
+    assert reader.error is None
+    assert reader.got == [(i, f"c{i}") for i in range(20)]
+    # Only the first write was notified (the flusher was idle); the rest came by the poll.
+    assert hub.stats["poll_found"] >= 1
+    catch_up = max(0.0, reader.last_at - killed_at)
+    assert catch_up <= poll * 1.2 + 1.0, f"caught up in {catch_up:.2f} s"
+
+
+def _listener_backend() -> int | None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+            [f"pgstreams listener {os.getpid()}"],
+        )
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+def _wait_for(predicate, timeout: float = 10.0) -> float:
+    started = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - started < timeout, "timed out"
+        time.sleep(0.005)
+    return time.monotonic() - started
+
+
+@pytest.mark.usefixtures("fresh_listener")
+def test_terminating_the_listeners_backend_loses_no_chunk(spawn) -> None:
+    s = pgstreams.create_stream()
+    readers = [Reader(s.id) for _ in range(3)]
+    for r in readers:
+        r.start()
+    hub = listener.get_listener()
+    _wait_for(hub.listening.is_set)
+    proc = spawn("steady", "--stream", str(s.id), "--count", "400", "--pause", "0.004")
+    reconnect_times = []
+    for _ in range(5):
+        old = _listener_backend()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [old])
+        reconnect_times.append(_wait_for(lambda: _listener_backend() not in (None, old)))
+        time.sleep(0.1)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    for r in readers:
+        r.join(30)
+        assert r.error is None
+        assert r.got == [(i, f"s{i}") for i in range(400)]
+    assert hub.stats["reconnects"] >= 5
+    assert max(reconnect_times) < 5

@@ -1,0 +1,190 @@
+"""The read API in one process: order, resume, end, waiting, sharing and the fallback poll."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+import uuid
+
+import pytest
+from django.db import connection
+from django.test import override_settings
+
+import pgstreams
+from pgstreams import listener
+from pgstreams.models import Stream
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def pairs(chunks) -> list[tuple[int, str]]:
+    return [(c.offset, c.data) for c in chunks]
+
+
+def pgstreams_backends() -> dict[str, int]:
+    """This process's pgstreams connections, by role, as Postgres sees them."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT split_part(application_name, ' ', 2), count(*) FROM pg_stat_activity"
+            " WHERE application_name LIKE %s GROUP BY 1",
+            [f"pgstreams % {os.getpid()}"],
+        )
+        return dict(cursor.fetchall())
+
+
+def test_read_yields_everything_in_order_then_ends_at_close() -> None:
+    s = pgstreams.create_stream()
+    pgstreams.write_many(s.id, [f"c{i}" for i in range(10)])
+    pgstreams.close(s.id)
+    chunks = list(pgstreams.read(s.id, timeout=10))
+    assert pairs(chunks) == [(i, f"c{i}") for i in range(10)]
+    assert all(c.stream_id == s.id and c.created_at.tzinfo is not None for c in chunks)
+
+
+def test_resume_from_any_offset() -> None:
+    s = pgstreams.create_stream()
+    pgstreams.write_many(s.id, [f"c{i}" for i in range(10)])
+    pgstreams.close(s.id)
+    assert pairs(pgstreams.read(s.id, from_offset=7, timeout=10)) == [(7, "c7"), (8, "c8"), (9, "c9")]
+    assert list(pgstreams.read(s.id, from_offset=10, timeout=10)) == []
+    assert list(pgstreams.read(s.id, from_offset=50, timeout=10)) == []
+
+
+def test_a_long_stream_is_read_in_pages_past_the_window() -> None:
+    s = pgstreams.create_stream()
+    n = listener.WINDOW_CHUNKS + 3 * listener.PAGE_SIZE + 7
+    for start in range(0, n, 1000):
+        pgstreams.write_many(s.id, [str(i) for i in range(start, min(n, start + 1000))])
+    pgstreams.close(s.id)
+    assert [c.data for c in pgstreams.read(s.id, timeout=30)] == [str(i) for i in range(n)]
+
+
+def test_a_waiting_reader_gets_live_writes_and_the_end() -> None:
+    s = pgstreams.create_stream()
+    got: list[tuple[int, str]] = []
+    reader = threading.Thread(target=lambda: got.extend(pairs(pgstreams.read(s.id, timeout=10))))
+    reader.start()
+    for i in range(20):
+        pgstreams.write(s.id, f"live{i}")
+        time.sleep(0.002)
+    pgstreams.close(s.id)
+    reader.join(15)
+    assert not reader.is_alive()
+    assert got == [(i, f"live{i}") for i in range(20)]
+
+
+def test_timeout_bounds_the_wait_for_the_next_chunk() -> None:
+    s = pgstreams.create_stream()
+    pgstreams.write(s.id, "first")
+    reader = pgstreams.read(s.id, timeout=0.3)
+    assert next(reader).data == "first"
+    started = time.monotonic()
+    with pytest.raises(pgstreams.ReadTimeout) as caught:
+        next(reader)
+    assert isinstance(caught.value, TimeoutError)
+    assert time.monotonic() - started >= 0.29
+
+
+def test_bad_arguments_and_unknown_streams() -> None:
+    with pytest.raises(pgstreams.StreamNotFound):
+        list(pgstreams.read(uuid.uuid4(), timeout=5))
+    with pytest.raises(pgstreams.StreamNotFound, match="not a stream id"):
+        pgstreams.read("not-a-uuid")
+    s = pgstreams.create_stream()
+    with pytest.raises(ValueError, match="0 or more"):
+        pgstreams.read(s.id, from_offset=-1)
+    with pytest.raises(TypeError):
+        pgstreams.read(s.id, from_offset="3")
+    with pytest.raises(ValueError, match="timeout"):
+        pgstreams.read(s.id, timeout=0)
+
+
+async def test_read_refuses_to_block_an_event_loop() -> None:
+    with pytest.raises(pgstreams.StreamError, match="aread"):
+        pgstreams.read(uuid.uuid4())
+
+
+def test_a_stream_deleted_while_read_raises_not_found() -> None:
+    s = pgstreams.create_stream()
+    pgstreams.write(s.id, "a")
+    reader = pgstreams.read(s.id, timeout=10)
+    assert next(reader).data == "a"
+    Stream.objects.filter(pk=s.pk).delete()
+    listener.get_listener().announce([listener.notify.Mark(s.id, 2, False)])
+    with pytest.raises(pgstreams.StreamNotFound, match="deleted"):
+        next(reader)
+
+
+async def test_200_async_readers_on_one_loop_share_two_connections_and_the_fetches() -> None:
+    streams = [await pgstreams.acreate_stream() for _ in range(4)]
+    n_chunks = 60
+
+    async def reader(stream: Stream) -> list[tuple[int, str]]:
+        return pairs([c async for c in pgstreams.aread(stream.id, timeout=20)])
+
+    before = listener.get_listener().stats["fetches"]
+    tasks = [asyncio.create_task(reader(streams[i % 4])) for i in range(200)]
+    await asyncio.sleep(0.2)  # all 200 are waiting
+    backends = await asyncio.to_thread(pgstreams_backends)
+    for i in range(n_chunks):
+        for s in streams:
+            await pgstreams.awrite(s.id, f"{s.id.hex[:4]}-{i}")
+    for s in streams:
+        await pgstreams.aclose(s.id)
+    results = await asyncio.wait_for(asyncio.gather(*tasks), 60)
+
+    for i, result in enumerate(results):
+        s = streams[i % 4]
+        assert result == [(k, f"{s.id.hex[:4]}-{k}") for k in range(n_chunks)]
+    # One LISTEN connection and one fetch connection serve all 200 readers.
+    assert backends.get("listener") == 1 and backends.get("fetcher") == 1
+    # Readers of a stream share each fetch: fetches follow the writes (at most a couple per
+    # commit), not the 50 readers of each stream (which would be 50 x more).
+    fetches = listener.get_listener().stats["fetches"] - before
+    assert fetches <= 2 * 4 * (n_chunks + 1)
+
+
+def test_connection_count_does_not_grow_with_readers() -> None:
+    s = pgstreams.create_stream()
+    readers = [pgstreams.read(s.id, timeout=20) for _ in range(200)]
+    threads = [threading.Thread(target=lambda r=r: list(r)) for r in readers]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    backends = pgstreams_backends()
+    pgstreams.close(s.id)
+    for t in threads:
+        t.join(20)
+    assert backends.get("listener") == 1 and backends.get("fetcher") == 1
+    assert sum(backends.values()) <= 3  # plus this process's flusher, once it has written
+
+
+@pytest.mark.usefixtures("fresh_listener")
+def test_with_notifications_off_the_poll_delivers_with_one_query_per_interval() -> None:
+    with override_settings(PGSTREAMS={"NOTIFY_MODE": "off", "POLL_INTERVAL": 0.2}):
+        streams = [pgstreams.create_stream() for _ in range(30)]
+        readers = [pgstreams.read(s.id, timeout=10) for s in streams]
+        got: list[list[str]] = [[] for _ in streams]
+        threads = [
+            threading.Thread(target=lambda r=r, g=g: g.extend(c.data for c in r)) for r, g in zip(readers, got)
+        ]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)  # let the first pages arrive
+        hub = listener.get_listener()
+        before = hub.stats.copy()
+        time.sleep(2.0)  # idle: only the poll queries
+        idle = hub.stats - before
+        for s in streams:
+            pgstreams.write(s.id, "polled")
+            pgstreams.close(s.id)
+        for t in threads:
+            t.join(10)
+    assert got == [["polled"]] * len(streams)
+    # 2 s at 0.2 s +/- 20%: about 10 polls, each one query for all 30 streams (a poll counted
+    # just before the window may fetch just inside it, hence the 1).
+    assert 7 <= idle["polls"] <= 13
+    assert abs(idle["fetches"] - idle["polls"]) <= 1
+    assert hub.stats["poll_found"] >= 1

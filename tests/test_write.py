@@ -1,0 +1,162 @@
+"""The write API against a real Postgres: offsets, transactions, validation and errors."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import connection, transaction
+from django.test import override_settings
+
+import pgstreams
+from pgstreams.models import Chunk, Stream
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def stored(stream: Stream) -> list[tuple[int, str]]:
+    return list(Chunk.objects.filter(stream=stream).order_by("offset").values_list("offset", "data"))
+
+
+def test_create_stream_defaults_and_fields() -> None:
+    owner = get_user_model().objects.create_user("ada")
+    s = pgstreams.create_stream(owner=owner, label="answer", metadata={"model": "fake"})
+    s.refresh_from_db()
+    assert isinstance(s.id, uuid.UUID) and s.id.version == 4
+    assert (s.owner, s.label, s.metadata, s.next_offset, s.closed_at) == (owner, "answer", {"model": "fake"}, 0, None)
+    assert pgstreams.create_stream().metadata == {}
+
+
+def test_write_returns_gap_free_offsets_and_counts() -> None:
+    s = pgstreams.create_stream()
+    assert [pgstreams.write(s.id, f"t{i}") for i in range(3)] == [0, 1, 2]
+    assert pgstreams.write_many(str(s.id), ["a", "b"]) == [3, 4]
+    assert pgstreams.write_many(s, []) == []
+    assert stored(s) == [(0, "t0"), (1, "t1"), (2, "t2"), (3, "a"), (4, "b")]
+    s.refresh_from_db()
+    assert s.next_offset == 5
+
+
+def test_write_is_one_statement(django_assert_num_queries) -> None:
+    s = pgstreams.create_stream()
+    with django_assert_num_queries(1):
+        pgstreams.write(s.id, "x")
+    with django_assert_num_queries(1):
+        pgstreams.write_many(s.id, ["y", "z"])
+
+
+def test_rollback_leaves_no_gap_and_nothing_visible() -> None:
+    s = pgstreams.create_stream()
+    pgstreams.write(s.id, "kept")
+    with pytest.raises(RuntimeError):
+        with transaction.atomic():
+            assert pgstreams.write(s.id, "lost") == 1
+            raise RuntimeError
+    assert pgstreams.write(s.id, "next") == 1
+    assert stored(s) == [(0, "kept"), (1, "next")]
+
+
+def test_write_in_atomic_is_invisible_to_other_connections_until_commit() -> None:
+    s = pgstreams.create_stream()
+    with transaction.atomic():
+        pgstreams.write(s.id, "pending")
+        # Another connection (the listener's fetch path) must not see it yet.
+        page = _page_from_other_connection(s.id)
+        assert page == (0, [])
+    assert _page_from_other_connection(s.id) == (1, ["pending"])
+
+
+def _page_from_other_connection(stream_id: uuid.UUID) -> tuple[int, list[str]]:
+    from pgstreams import db
+
+    with db.connect("default", "test") as conn:
+        next_offset = conn.execute("SELECT next_offset FROM pgstreams_stream WHERE id = %s", [stream_id]).fetchone()[0]
+        rows = conn.execute('SELECT data FROM pgstreams_chunk WHERE stream_id = %s ORDER BY "offset"', [stream_id])
+        return next_offset, [r[0] for r in rows]
+
+
+def test_close_and_errors_for_closed_and_unknown_streams() -> None:
+    s = pgstreams.create_stream()
+    pgstreams.write(s.id, "only")
+    assert pgstreams.close(s.id) == 1
+    with pytest.raises(pgstreams.StreamClosed, match="create a new stream"):
+        pgstreams.write(s.id, "late")
+    with pytest.raises(pgstreams.StreamClosed, match="already closed"):
+        pgstreams.close(s.id)
+    with pytest.raises(pgstreams.StreamClosed):
+        pgstreams.write_many(s.id, ["late"])
+    missing = uuid.uuid4()
+    with pytest.raises(pgstreams.StreamNotFound, match=str(missing)):
+        pgstreams.write(missing, "x")
+    with pytest.raises(pgstreams.StreamNotFound):
+        pgstreams.close(missing)
+    with pytest.raises(pgstreams.StreamNotFound, match="not a stream id"):
+        pgstreams.write("../etc/passwd", "x")
+    assert stored(s) == [(0, "only")]
+
+
+@pytest.mark.parametrize(
+    ("data", "error"),
+    [
+        (b"bytes", TypeError),
+        (None, TypeError),
+        (42, TypeError),
+        ("x" * 65537, pgstreams.ChunkTooLarge),
+        ("é" * 32769, pgstreams.ChunkTooLarge),  # 65538 bytes in UTF-8
+        ("nul\x00byte", pgstreams.InvalidChunk),
+        ("\ud800", pgstreams.InvalidChunk),
+    ],
+)
+def test_bad_chunks_are_refused_before_the_database(data, error, django_assert_num_queries) -> None:
+    s = pgstreams.create_stream()
+    with django_assert_num_queries(0):
+        with pytest.raises(error):
+            pgstreams.write(s.id, data)
+        with pytest.raises(error):
+            pgstreams.write_many(s.id, ["fine", data])
+    assert stored(s) == []
+
+
+def test_max_chunk_bytes_is_read_at_use() -> None:
+    s = pgstreams.create_stream()
+    assert pgstreams.write(s.id, "x" * 65536) == 0
+    with override_settings(PGSTREAMS={"MAX_CHUNK_BYTES": 10}):
+        with pytest.raises(pgstreams.ChunkTooLarge, match="MAX_CHUNK_BYTES'] = 10"):
+            pgstreams.write(s.id, "x" * 11)
+        assert pgstreams.write(s.id, "x" * 10) == 1
+
+
+def test_write_many_rejects_a_string() -> None:
+    s = pgstreams.create_stream()
+    with pytest.raises(TypeError, match="list of str"):
+        pgstreams.write_many(s.id, "abc")
+
+
+@pytest.mark.parametrize("mode", ["buffered", "per_write", "off"])
+def test_every_notify_mode_writes_the_same(mode: str) -> None:
+    with override_settings(PGSTREAMS={"NOTIFY_MODE": mode}):
+        s = pgstreams.create_stream()
+        assert pgstreams.write(s.id, "a") == 0
+        assert pgstreams.write_many(s.id, ["b", "c"]) == [1, 2]
+        assert pgstreams.close(s.id) == 3
+    assert stored(s) == [(0, "a"), (1, "b"), (2, "c")]
+
+
+def test_deleting_a_stream_deletes_its_chunks_in_the_database() -> None:
+    s = pgstreams.create_stream()
+    pgstreams.write_many(s.id, ["a", "b"])
+    Stream.objects.filter(pk=s.pk).delete()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pgstreams_chunk WHERE stream_id = %s", [s.id])
+        assert cursor.fetchone()[0] == 0
+
+
+async def test_async_twins() -> None:
+    s = await pgstreams.acreate_stream(label="async")
+    assert await pgstreams.awrite(s.id, "a") == 0
+    assert await pgstreams.awrite_many(s.id, ["b", "c"]) == [1, 2]
+    assert await pgstreams.aclose(s.id) == 3
+    with pytest.raises(pgstreams.StreamClosed):
+        await pgstreams.awrite(s.id, "d")
+    assert [c.data async for c in pgstreams.aread(s.id)] == ["a", "b", "c"]

@@ -1,0 +1,117 @@
+"""Writers that run in their own process, for the multi-process tests.
+
+``python -m tests.workers threads --stream ID --threads 16 --per-thread 50``: 16 threads write
+one stream, some writes rolled back; prints one JSON list of the committed (offset, data) pairs.
+
+``python -m tests.workers hang --stream ID --count 20 --flush-interval 3600``: writes, prints
+"written", then sleeps, its later notifications still in the buffer, until it is killed.
+
+``python -m tests.workers exit --stream ID --count 5 --flush-interval 3600``: writes, then exits
+normally, leaving the final flush at exit to announce the last writes.
+
+``python -m tests.workers steady --stream ID --count 300 --pause 0.005``: writes at a steady pace,
+then closes the stream.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+
+import django
+
+
+class Rollback(Exception):
+    pass
+
+
+def threads(stream: str, n_threads: int, per_thread: int) -> None:
+    from django.db import connection, transaction
+
+    import pgstreams
+
+    committed: list[tuple[int, str]] = []
+    lock = threading.Lock()
+    start = threading.Barrier(n_threads)
+
+    def run(t: int) -> None:
+        start.wait()
+        for i in range(per_thread):
+            data = f"t{t}-{i}"
+            try:
+                with transaction.atomic():
+                    offset = pgstreams.write(stream, data)
+                    if i % 7 == 3:  # some writers roll back
+                        raise Rollback
+            except Rollback:
+                continue
+            with lock:
+                committed.append((offset, data))
+        connection.close()
+
+    workers = [threading.Thread(target=run, args=(t,)) for t in range(n_threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    pgstreams.close(stream)
+    print(json.dumps(sorted(committed)), flush=True)
+
+
+def hang(stream: str, count: int) -> None:
+    import pgstreams
+
+    for i in range(count):
+        pgstreams.write(stream, f"c{i}")
+    print("written", flush=True)
+    time.sleep(3600)
+
+
+def exit_after(stream: str, count: int) -> None:
+    import pgstreams
+
+    for i in range(count):
+        pgstreams.write(stream, f"e{i}")
+
+
+def steady(stream: str, count: int, pause: float) -> None:
+    import pgstreams
+
+    for i in range(count):
+        pgstreams.write(stream, f"s{i}")
+        time.sleep(pause)
+    pgstreams.close(stream)
+    print("done", flush=True)
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="tests.workers")
+    parser.add_argument("mode", choices=["threads", "hang", "exit", "steady"])
+    parser.add_argument("--stream", required=True)
+    parser.add_argument("--threads", type=int, default=16)
+    parser.add_argument("--per-thread", type=int, default=50)
+    parser.add_argument("--count", type=int, default=20)
+    parser.add_argument("--pause", type=float, default=0.005)
+    parser.add_argument("--flush-interval", type=float, default=None)
+    args = parser.parse_args(argv)
+
+    django.setup()
+    if args.flush_interval is not None:
+        from django.conf import settings
+
+        settings.PGSTREAMS = {**settings.PGSTREAMS, "FLUSH_INTERVAL": args.flush_interval}
+    if args.mode == "threads":
+        threads(args.stream, args.threads, args.per_thread)
+    elif args.mode == "hang":
+        hang(args.stream, args.count)
+    elif args.mode == "exit":
+        exit_after(args.stream, args.count)
+    else:
+        steady(args.stream, args.count, args.pause)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
