@@ -202,6 +202,10 @@ class Listener:
                 return END
             if start is None or pos < start:
                 return self._request(tail.stream_id, pos)
+            if tail.wants_fetch() and not tail.dirty:
+                # More was announced than the window holds: fetch it now that a reader waits.
+                tail.dirty = True
+                self._kick()
             waiter = tail.waiters.get(loop)
             if waiter is None:
                 waiter = tail.waiters[loop] = threading.Event() if loop is None else asyncio.Event()
@@ -364,6 +368,7 @@ class Listener:
         with self._lock:
             for key, page in pages.items():
                 stream_id, from_offset = key
+                self.stats["chunks_fetched"] += len(page.chunks)
                 futures = self._requests.pop(key, None)
                 if futures:
                     answered.append((futures, page))
@@ -378,7 +383,9 @@ class Listener:
                     moved = tail.merge(from_offset, page)
                     if stream_id in polled and page.next_offset > announced:
                         self.stats["poll_found"] += 1
-                if tail.wants_fetch() and tail.start is not None:
+                if tail.waiters and tail.wants_fetch() and tail.start is not None:
+                    # Keep fetching forward only for readers that wait at the window's end; a
+                    # reader still taking chunks asks again when it gets there (step()).
                     tail.dirty = True
                     self._work.set()
                 if moved:
