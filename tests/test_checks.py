@@ -1,0 +1,73 @@
+"""System checks and the settings accessor: every invalid setting is reported with its id."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from django.test import override_settings
+
+from pgstreams import checks, conf
+
+
+def ids(pgstreams_settings: dict) -> list[str]:
+    with override_settings(PGSTREAMS=pgstreams_settings):
+        return [m.id for m in checks.check_settings() + checks.check_database()]
+
+
+def test_defaults_pass() -> None:
+    assert ids({}) == []
+    assert conf.notify_mode() == "buffered" and conf.poll_interval() == 1.0
+
+
+@pytest.mark.parametrize(
+    ("setting", "check_id"),
+    [
+        ({"NOTIFY_MODE": "sometimes"}, "pgstreams.E002"),
+        ({"FLUSH_INTERVAL": 0}, "pgstreams.E003"),
+        ({"FLUSH_INTERVAL": "fast"}, "pgstreams.E003"),
+        ({"POLL_INTERVAL": -1}, "pgstreams.E004"),
+        ({"POLL_INTERVAL": True}, "pgstreams.E004"),
+        ({"CHANNEL": "bad channel; DROP TABLE x"}, "pgstreams.E005"),
+        ({"CHANNEL": "x" * 64}, "pgstreams.E005"),
+        ({"CHANNEL": "1abc"}, "pgstreams.E005"),
+        ({"MAX_CHUNK_BYTES": 0}, "pgstreams.E006"),
+        ({"DATABASE": "nowhere"}, "pgstreams.E007"),
+        ({"NOTIFY_MDOE": "off"}, "pgstreams.W001"),
+    ],
+)
+def test_each_invalid_setting_has_its_check(setting: dict, check_id: str) -> None:
+    assert ids(setting) == [check_id]
+
+
+def test_invalid_settings_fail_manage_py_check_and_raise_at_use() -> None:
+    with override_settings(PGSTREAMS={"NOTIFY_MODE": "sometimes"}):
+        with pytest.raises(SystemCheckError, match="pgstreams.E002"):
+            call_command("check")
+        with pytest.raises(ImproperlyConfigured, match="'buffered', 'per_write', 'off'"):
+            conf.notify_mode()
+
+
+@pytest.fixture
+def sqlite_alias():
+    """A second, SQLite, database alias for the length of a test."""
+    from django.conf import settings
+    from django.db import connections
+
+    saved = connections._settings
+    databases = {**settings.DATABASES, "other": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+    with override_settings(DATABASES=databases):
+        connections._settings = connections.configure_settings(databases)
+        connections.__dict__.pop("settings", None)  # a cached_property
+        try:
+            yield "other"
+        finally:
+            connections._settings = saved
+            connections.__dict__.pop("settings", None)
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_a_database_that_is_not_postgres_is_e001(sqlite_alias: str) -> None:
+    with override_settings(PGSTREAMS={"DATABASE": sqlite_alias}):
+        assert [m.id for m in checks.check_database()] == ["pgstreams.E001"]
