@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import Any
 
 from .exceptions import ReadTimeout, StreamError, StreamNotFound
-from .listener import END, Listener, Page, StreamChunk, Tail, get_listener
+from .listener import END, Page, StreamChunk, get_listener
 from .writer import stream_uuid
 
 
@@ -96,6 +97,7 @@ def _read(sid: uuid.UUID, pos: int, timeout: float | None) -> Iterator[StreamChu
                 except concurrent.futures.TimeoutError:
                     raise ReadTimeout(f"no chunk from stream {sid} within {timeout} s") from None
             else:
+                assert isinstance(step, threading.Event)
                 if not step.wait(deadline.left(sid)):
                     deadline.left(sid)  # raises ReadTimeout
                 continue
@@ -124,7 +126,11 @@ async def aread(stream_id: Any, *, from_offset: int = 0, timeout: float | None =
             if isinstance(step, list):
                 chunks = step
             else:
-                waitable = asyncio.wrap_future(step) if isinstance(step, concurrent.futures.Future) else step.wait()
+                if isinstance(step, concurrent.futures.Future):
+                    waitable: Awaitable[Any] = asyncio.wrap_future(step)
+                else:
+                    assert isinstance(step, asyncio.Event)
+                    waitable = step.wait()
                 try:
                     result = await asyncio.wait_for(waitable, deadline.left(sid))
                 except TimeoutError:

@@ -115,9 +115,9 @@ def test_terminating_the_listeners_backend_loses_no_chunk(spawn) -> None:
         old = _listener_backend()
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_terminate_backend(%s)", [old])
-        reconnect_times.append(_wait_for(lambda: _listener_backend() not in (None, old)))
+        reconnect_times.append(_wait_for(lambda old=old: _listener_backend() not in (None, old)))
         time.sleep(0.1)
-    out, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     for r in readers:
         r.join(30)
