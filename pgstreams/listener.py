@@ -282,18 +282,16 @@ class Listener:
                 async for note in conn.notifies():
                     self.stats["notifications"] += 1
                     self.announce(list(notify.decode(note.payload)))
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self.listening.clear()
+            except Exception as exc:  # a database blip must not end the loop
                 self.stats["listen_errors"] += 1
                 logger.warning("pgstreams: listener connection lost, reconnecting: %s", exc)
-                self._refetch_all()
-                await asyncio.sleep(backoff.next())
             finally:
                 self.listening.clear()
                 if conn is not None:
                     await _close_quietly(conn)
+            # Notifications may have been missed: every followed stream is read again at once.
+            self._refetch_all()
+            await asyncio.sleep(backoff.next())
 
     async def _poll_forever(self) -> None:
         while True:
