@@ -194,3 +194,23 @@ def test_with_notifications_off_the_poll_delivers_with_one_query_per_interval() 
     assert 7 <= idle["polls"] <= 13
     assert abs(idle["fetches"] - idle["polls"]) <= 1
     assert hub.stats["poll_found"] >= 1
+
+
+@pytest.mark.usefixtures("fresh_listener")
+def test_readers_in_the_writing_process_are_woken_at_commit_not_by_the_flush() -> None:
+    from pgstreams import notify
+
+    notify.stop_flusher()
+    # No flush after the first, no poll: only the wake-up at commit can deliver chunks 1 to 4.
+    with override_settings(PGSTREAMS={"FLUSH_INTERVAL": 3600, "POLL_INTERVAL": 3600}):
+        s = pgstreams.create_stream()
+        reader = pgstreams.read(s.id, timeout=5)
+        pgstreams.write(s.id, "c0")
+        assert next(reader).data == "c0"
+        for i in range(1, 5):
+            pgstreams.write(s.id, f"c{i}")
+            assert next(reader).data == f"c{i}"
+        hub = listener.get_listener()
+        assert hub.stats["polls"] == 0
+        assert notify.flusher().depth() == 1  # c1 to c4 still wait to be flushed
+    notify.stop_flusher()
