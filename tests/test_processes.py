@@ -81,6 +81,7 @@ def test_a_writer_killed_before_its_flush_is_caught_up_by_polling(spawn) -> None
     assert hub.stats["poll_found"] >= 1
     catch_up = max(0.0, reader.last_at - killed_at)
     assert catch_up <= poll * 1.2 + 1.0, f"caught up in {catch_up:.2f} s"
+    print(f"caught up {catch_up * 1000:.0f} ms after SIGKILL (POLL_INTERVAL {poll} s)")
 
 
 def _listener_backend() -> int | None:
@@ -125,3 +126,4 @@ def test_terminating_the_listeners_backend_loses_no_chunk(spawn) -> None:
         assert r.got == [(i, f"s{i}") for i in range(400)]
     assert hub.stats["reconnects"] >= 5
     assert max(reconnect_times) < 5
+    print(f"listener reconnect times: {', '.join(f'{t * 1000:.0f} ms' for t in reconnect_times)}")
