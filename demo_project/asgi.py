@@ -1,9 +1,22 @@
-"""ASGI entry point of the demo site."""
+"""ASGI entry point of the demo site: HTTP (with static files) and pgstreams' WebSocket routes."""
 
 import os
 
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "demo_project.settings")
+django_application = get_asgi_application()
 
-application = get_asgi_application()
+from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set up)
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+
+from pgstreams.routing import websocket_urlpatterns  # noqa: E402
+
+application = ProtocolTypeRouter(
+    {
+        "http": ASGIStaticFilesHandler(django_application),
+        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+    }
+)

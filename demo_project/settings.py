@@ -20,6 +20,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "pgstreams",
+    "demo_project.chat",
 ]
 
 MIDDLEWARE = [
@@ -62,6 +63,16 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
+
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "chat:index"
+LOGOUT_REDIRECT_URL = "login"
+
+# The fake LLM's pace.
+CHAT_TOKENS_PER_SECOND = 30
+# The demo user, created by `manage.py demo`; the login page shows these.
+DEMO_USERNAME = "demo"
+DEMO_PASSWORD = "demo"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 LOGGING = {

@@ -16,6 +16,7 @@ _SETTING_IDS = {
     "CHANNEL": "pgstreams.E005",
     "MAX_CHUNK_BYTES": "pgstreams.E006",
     "DATABASE": "pgstreams.E007",
+    "AUTHORIZE": "pgstreams.E008",
 }
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
 
 DEFAULTS: dict[str, Any] = {
     "NOTIFY_MODE": "buffered",
@@ -21,6 +22,7 @@ DEFAULTS: dict[str, Any] = {
     "CHANNEL": "pgstreams",
     "MAX_CHUNK_BYTES": 65536,
     "DATABASE": "default",
+    "AUTHORIZE": "pgstreams.auth.default_authorize",
 }
 
 NOTIFY_MODES = ("buffered", "per_write", "off")
@@ -33,6 +35,15 @@ def _positive_number(value: Any) -> bool:
 
 def _identifier(value: Any) -> bool:
     return isinstance(value, str) and bool(_IDENTIFIER.match(value)) and len(value.encode()) <= 63
+
+
+def _importable(path: Any) -> bool:
+    if not isinstance(path, str):
+        return False
+    try:
+        return callable(import_string(path))
+    except ImportError:
+        return False
 
 
 # name -> (rule, what a valid value looks like)
@@ -50,7 +61,12 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
         "a positive whole number of bytes",
     ),
     "DATABASE": (lambda v: isinstance(v, str) and v in settings.DATABASES, "a key of settings.DATABASES"),
+    "AUTHORIZE": (
+        _importable,
+        "the dotted path of a callable(user, stream) -> bool",
+    ),
 }
+
 
 
 def _user_settings() -> dict[str, Any]:
@@ -108,3 +124,7 @@ def max_chunk_bytes() -> int:
 
 def database() -> str:
     return _valid("DATABASE")
+
+
+def authorize() -> Callable[[Any, Any], bool]:
+    return import_string(_valid("AUTHORIZE"))

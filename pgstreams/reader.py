@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 import time
 import uuid
@@ -81,6 +82,13 @@ def read(stream_id: Any, *, from_offset: int = 0, timeout: float | None = None) 
 
 
 def _read(sid: uuid.UUID, pos: int, timeout: float | None) -> Iterator[StreamChunk]:
+    # closing(): a reader dropped half-way detaches from the listener at once.
+    with contextlib.closing(_read_batches(sid, pos, timeout)) as batches:
+        for batch in batches:
+            yield from batch
+
+
+def _read_batches(sid: uuid.UUID, pos: int, timeout: float | None) -> Iterator[list[StreamChunk]]:
     listener = get_listener()
     tail = listener.attach(sid)
     deadline = _Deadline(timeout)
@@ -102,7 +110,7 @@ def _read(sid: uuid.UUID, pos: int, timeout: float | None) -> Iterator[StreamChu
                     deadline.left(sid)  # raises ReadTimeout
                 continue
             if chunks:
-                yield from chunks
+                yield chunks
                 pos = chunks[-1].offset + 1
                 deadline.renew()
     finally:
@@ -111,6 +119,19 @@ def _read(sid: uuid.UUID, pos: int, timeout: float | None) -> Iterator[StreamChu
 
 async def aread(stream_id: Any, *, from_offset: int = 0, timeout: float | None = None) -> AsyncIterator[StreamChunk]:
     """``read()`` for async code: the same semantics, and it never blocks the event loop."""
+    batches = aread_batches(stream_id, from_offset=from_offset, timeout=timeout)
+    try:
+        async for batch in batches:
+            for chunk in batch:
+                yield chunk
+    finally:
+        await batches.aclose()
+
+
+async def aread_batches(
+    stream_id: Any, *, from_offset: int = 0, timeout: float | None = None
+) -> AsyncIterator[list[StreamChunk]]:
+    """``aread()`` in batches: each a non-empty list of the consecutive chunks available at once."""
     sid = stream_uuid(stream_id)
     pos = _start_offset(from_offset)
     _check_timeout(timeout)
@@ -139,11 +160,8 @@ async def aread(stream_id: Any, *, from_offset: int = 0, timeout: float | None =
                     continue
                 chunks = _page_chunks(result, sid, pos)
             if chunks:
-                for chunk in chunks:
-                    yield chunk
+                yield chunks
                 pos = chunks[-1].offset + 1
                 deadline.renew()
     finally:
         listener.detach(tail)
-
-

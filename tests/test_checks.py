@@ -34,6 +34,8 @@ def test_defaults_pass() -> None:
         ({"CHANNEL": "1abc"}, "pgstreams.E005"),
         ({"MAX_CHUNK_BYTES": 0}, "pgstreams.E006"),
         ({"DATABASE": "nowhere"}, "pgstreams.E007"),
+        ({"AUTHORIZE": "no.such.module.rule"}, "pgstreams.E008"),
+        ({"AUTHORIZE": "pgstreams.conf.DEFAULTS"}, "pgstreams.E008"),
         ({"NOTIFY_MDOE": "off"}, "pgstreams.W001"),
     ],
 )

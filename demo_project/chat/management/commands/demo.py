@@ -1,0 +1,51 @@
+"""``manage.py demo``: migrate, make sure the demo user exists, and serve the demo with daphne."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+
+
+def ensure_demo_user() -> None:
+    user, _ = get_user_model().objects.get_or_create(username=settings.DEMO_USERNAME)
+    if not user.check_password(settings.DEMO_PASSWORD):
+        user.set_password(settings.DEMO_PASSWORD)
+        user.save(update_fields=["password"])
+
+
+def parse_addrport(addrport: str) -> tuple[str, int]:
+    host, sep, port = addrport.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise CommandError(f"--addrport must look like 127.0.0.1:8000, not {addrport!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+class Command(BaseCommand):
+    help = "Run the pgstreams chat demo: migrate, create the demo user, serve with daphne."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--addrport", default="127.0.0.1:8000", help="where to listen (default 127.0.0.1:8000)")
+
+    def handle(self, *args: Any, addrport: str, **options: Any) -> None:
+        from channels.routing import get_default_application
+        from daphne.endpoints import build_endpoint_description_strings
+        from daphne.server import Server
+
+        host, port = parse_addrport(addrport)
+        call_command("migrate", interactive=False, verbosity=0)
+        ensure_demo_user()
+        shown = f"[{host}]" if ":" in host else host
+        self.stdout.write(
+            f"pgstreams demo on http://{shown}:{port}/ - sign in as "
+            f"{settings.DEMO_USERNAME} / {settings.DEMO_PASSWORD}; Ctrl-C stops it."
+        )
+        self.stdout.flush()
+        Server(
+            application=get_default_application(),
+            endpoints=build_endpoint_description_strings(host=host, port=port),
+            server_name="pgstreams-demo",
+        ).run()

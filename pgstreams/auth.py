@@ -1,0 +1,42 @@
+"""Who may read a stream: the default rule for ``PGSTREAMS['AUTHORIZE']``, and the one lookup
+that the WebSocket consumer and the SSE view both go through."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.core.exceptions import PermissionDenied
+
+from . import conf
+from .exceptions import StreamNotFound
+from .models import Stream
+
+
+def default_authorize(user: Any, stream: Stream) -> bool:
+    """The stream's owner and staff may read it; a stream with no owner, anyone with its id."""
+    if stream.owner_id is None:
+        return True
+    if user is None or not user.is_authenticated or not user.is_active:
+        return False
+    return bool(user.is_staff or user.pk == stream.owner_id)
+
+
+def _readable_stream(user: Any, stream_id: uuid.UUID) -> Stream:
+    stream = Stream.objects.using(conf.database()).filter(pk=stream_id).first()
+    if stream is None:
+        raise StreamNotFound(f"no stream {stream_id}")
+    if not conf.authorize()(user, stream):
+        raise PermissionDenied(f"not allowed to read stream {stream_id}")
+    return stream
+
+
+async def readable_stream(user: Any, stream_id: uuid.UUID) -> Stream:
+    """The stream, if ``user`` may read it.
+
+    Raises:
+        StreamNotFound: no such stream.
+        PermissionDenied: the AUTHORIZE callable said no.
+    """
+    return await sync_to_async(_readable_stream)(user, stream_id)

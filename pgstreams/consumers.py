@@ -1,0 +1,157 @@
+"""The WebSocket consumer: sends one stream's chunks to a browser, resumable by offset.
+
+It reads through this process's shared listener (``aread_batches``), so a thousand sockets do
+not open a thousand database connections; it runs no SQL of its own beyond the authorization
+lookup. The protocol is described in the README.
+
+Flow control: the server keeps at most ``WINDOW_CHUNKS`` chunks or ``WINDOW_BYTES`` bytes sent
+but not acknowledged by the client (``{"type": "ack", "offset": n}``), so a client that stops
+reading holds a bounded amount of the server's memory and no one else's time; if it stays silent
+for ``ACK_TIMEOUT`` seconds with its window full, it is closed with 4408 and may resume by offset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections import deque
+from typing import Any
+from urllib.parse import parse_qs
+
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.core.exceptions import PermissionDenied
+
+from .auth import readable_stream
+from .protocol import parse_offset, past_end
+from .exceptions import StreamError, StreamNotFound
+from .listener import StreamChunk
+from .reader import aread_batches
+
+logger = logging.getLogger("pgstreams.consumers")
+
+WINDOW_CHUNKS = 1024
+WINDOW_BYTES = 1 << 20
+FRAME_BYTES = 256 * 1024  # a batch larger than this is split over several frames
+ACK_TIMEOUT = 60.0
+MAX_CLIENT_FRAME = 1024  # bytes; the only client message is a small ack
+
+# Close codes
+BAD_REQUEST = 4400
+FORBIDDEN = 4403
+NOT_FOUND = 4404
+TOO_SLOW = 4408
+SERVER_ERROR = 1011
+
+class StreamConsumer(AsyncJsonWebsocketConsumer):
+    """``ws/pgstreams/<uuid:stream_id>/?from=<offset>``: a stream's chunks as JSON frames."""
+
+    pump: asyncio.Task[None] | None = None
+
+    async def connect(self) -> None:
+        # Accept first: a close code only reaches the client on an accepted socket.
+        await self.accept()
+        self.acked = asyncio.Event()
+        self.acked_to = 0  # the client has every chunk below this offset
+        self.unacked: deque[tuple[int, int]] = deque()  # (offset after a frame, its bytes)
+        self.unacked_bytes = 0
+        try:
+            self.stream_id: uuid.UUID = self.scope["url_route"]["kwargs"]["stream_id"]
+            query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+            self.position = self.acked_to = parse_offset(query.get("from"), "from")
+        except (ValueError, KeyError) as exc:
+            return await self.refuse(BAD_REQUEST, str(exc))
+        try:
+            stream = await readable_stream(self.scope.get("user"), self.stream_id)
+        except StreamNotFound:
+            return await self.refuse(NOT_FOUND, f"no stream {self.stream_id}")
+        except PermissionDenied:
+            return await self.refuse(FORBIDDEN, f"not allowed to read stream {self.stream_id}")
+        if self.position > stream.next_offset:
+            return await self.refuse(BAD_REQUEST, past_end(self.position, stream))
+        self.pump = asyncio.create_task(self.send_chunks(), name=f"pgstreams-ws-{self.stream_id}")
+
+    async def disconnect(self, code: int) -> None:
+        if self.pump is not None:
+            self.pump.cancel()
+
+    async def refuse(self, code: int, message: str) -> None:
+        await self.send_json({"type": "error", "code": code, "message": message})
+        await self.close(code=code)
+
+    # -- server to client ----------------------------------------------------------------------
+
+    async def send_chunks(self) -> None:
+        try:
+            async for batch in aread_batches(self.stream_id, from_offset=self.position):
+                for items, size in _frames(batch):
+                    await self.window_open()
+                    await self.send(text_data=_encode({"type": "chunks", "stream": str(self.stream_id), "items": items}))
+                    self.position = items[-1]["offset"] + 1
+                    self.unacked.append((self.position, size))
+                    self.unacked_bytes += size
+            await self.send_json({"type": "end", "next_offset": self.position})
+            await self.close(code=1000)
+        except asyncio.CancelledError:
+            raise
+        except StreamNotFound as exc:
+            await self.refuse(NOT_FOUND, str(exc))
+        except TimeoutError:
+            await self.refuse(TOO_SLOW, f"no ack for {ACK_TIMEOUT:.0f} s; reconnect with ?from={self.acked_to}")
+        except StreamError as exc:
+            logger.warning("pgstreams: closing WebSocket on stream %s: %s", self.stream_id, exc)
+            await self.refuse(SERVER_ERROR, f"{exc}; reconnect with ?from={self.position}")
+
+    async def window_open(self) -> None:
+        """Wait until the client's unacknowledged chunks and bytes are under the window."""
+        while self.position - self.acked_to >= WINDOW_CHUNKS or self.unacked_bytes >= WINDOW_BYTES:
+            self.acked.clear()
+            await asyncio.wait_for(self.acked.wait(), ACK_TIMEOUT)
+
+    # -- client to server ----------------------------------------------------------------------
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
+        if text_data is None:
+            return await self.refuse(BAD_REQUEST, "binary frames are not accepted; send JSON text")
+        if len(text_data) > MAX_CLIENT_FRAME:
+            return await self.refuse(BAD_REQUEST, f"client frames are at most {MAX_CLIENT_FRAME} bytes")
+        try:
+            message = json.loads(text_data)
+        except ValueError:
+            return await self.refuse(BAD_REQUEST, "client frames must be JSON")
+        if not isinstance(message, dict):
+            message = {}
+        offset = message.get("offset")
+        if message.get("type") != "ack" or isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            return await self.refuse(BAD_REQUEST, 'the only client message is {"type": "ack", "offset": <int>}')
+        self.ack(offset)
+
+    def ack(self, offset: int) -> None:
+        """The client has every chunk up to and including ``offset`` (never past what was sent)."""
+        self.acked_to = max(self.acked_to, min(offset + 1, self.position))
+        while self.unacked and self.unacked[0][0] <= self.acked_to:
+            self.unacked_bytes -= self.unacked.popleft()[1]
+        self.acked.set()
+
+
+def _encode(message: dict[str, Any]) -> str:
+    return json.dumps(message, ensure_ascii=False, separators=(",", ":"))
+
+
+def _frames(batch: list[StreamChunk]) -> list[tuple[list[dict[str, Any]], int]]:
+    """Split a batch into frames of at most FRAME_BYTES of data (one chunk at the least)."""
+    frames: list[tuple[list[dict[str, Any]], int]] = []
+    items: list[dict[str, Any]] = []
+    size = 0
+    for chunk in batch:
+        n = len(chunk.data.encode()) + 32
+        if items and size + n > FRAME_BYTES:
+            frames.append((items, size))
+            items, size = [], 0
+        items.append({"offset": chunk.offset, "data": chunk.data})
+        size += n
+    if items:
+        frames.append((items, size))
+    return frames
+

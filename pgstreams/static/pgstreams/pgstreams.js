@@ -1,0 +1,119 @@
+/*
+ * pgstreams browser client: follows one stream over a WebSocket, in order and exactly once,
+ * reconnecting with backoff and resuming after the last offset it received.
+ *
+ *   const s = new PgStream("/ws/pgstreams/<stream id>/", {
+ *     onChunk(data, offset) {}, onEnd(nextOffset) {}, onError(error) {}, onStatus(text) {},
+ *   });
+ *   s.close();
+ *
+ * Options: from (first offset, default 0), ackEvery (chunks between acks, default 128),
+ * maxDelay (ms, the longest pause between reconnects, default 10000).
+ */
+(function (global) {
+  "use strict";
+
+  // Close codes after which reconnecting cannot help.
+  const PERMANENT = { 4400: "bad request", 4403: "not authorized", 4404: "unknown stream" };
+
+  class PgStream {
+    constructor(url, options = {}) {
+      this.url = url;
+      this.next = options.from || 0;
+      this.onChunk = options.onChunk || function () {};
+      this.onEnd = options.onEnd || function () {};
+      this.onError = options.onError || function () {};
+      this.onStatus = options.onStatus || function () {};
+      this.ackEvery = options.ackEvery || 128;
+      this.maxDelay = options.maxDelay || 10000;
+      this.attempt = 0;
+      this.acked = this.next;
+      this.ackTimer = null;
+      this.finished = false;
+      this.lastError = null;
+      this._connect();
+    }
+
+    close() {
+      this.finished = true;
+      clearTimeout(this.ackTimer);
+      clearTimeout(this.retryTimer);
+      if (this.ws) this.ws.close(1000);
+    }
+
+    _connect() {
+      const target = new URL(this.url, global.location.href);
+      if (target.protocol === "http:") target.protocol = "ws:";
+      if (target.protocol === "https:") target.protocol = "wss:";
+      target.searchParams.set("from", String(this.next));
+      const ws = (this.ws = new WebSocket(target.href));
+      this.acked = this.next;
+      this.onStatus(this.attempt ? "reconnecting" : "connecting");
+
+      ws.onopen = () => this.onStatus("live");
+      ws.onmessage = (event) => this._receive(ws, JSON.parse(event.data));
+      ws.onclose = (event) => {
+        clearTimeout(this.ackTimer);
+        if (this.finished || ws !== this.ws) return;
+        if (event.code in PERMANENT) {
+          this.finished = true;
+          const message = (this.lastError && this.lastError.message) || PERMANENT[event.code];
+          this.onStatus("failed");
+          this.onError({ code: event.code, message: message });
+          return;
+        }
+        this._retry();
+      };
+    }
+
+    _retry() {
+      const delay = Math.min(this.maxDelay, 250 * 2 ** this.attempt);
+      this.attempt += 1;
+      this.onStatus("reconnecting");
+      this.retryTimer = setTimeout(() => this._connect(), delay / 2 + (Math.random() * delay) / 2);
+    }
+
+    _receive(ws, message) {
+      if (message.type === "chunks") {
+        this.attempt = 0;
+        for (const item of message.items) {
+          if (item.offset < this.next) continue; // already shown: never twice
+          if (item.offset > this.next) {
+            // A gap cannot happen on one connection; resume from what we have.
+            ws.close(4000);
+            this._retry();
+            return;
+          }
+          this.next = item.offset + 1;
+          this.onChunk(item.data, item.offset);
+        }
+        this._ack(ws);
+      } else if (message.type === "end") {
+        this.finished = true;
+        this.onStatus("done");
+        this.onEnd(message.next_offset);
+      } else if (message.type === "error") {
+        this.lastError = message;
+      }
+    }
+
+    _ack(ws) {
+      // Acknowledge what was shown: the server sends at most a window ahead of the last ack.
+      const send = () => {
+        this.ackTimer = null;
+        if (ws.readyState === WebSocket.OPEN && this.next > this.acked) {
+          ws.send(JSON.stringify({ type: "ack", offset: this.next - 1 }));
+          this.acked = this.next;
+        }
+      };
+      if (this.next - this.acked >= this.ackEvery) {
+        clearTimeout(this.ackTimer);
+        send();
+      } else if (!this.ackTimer) {
+        this.ackTimer = setTimeout(send, 250);
+      }
+    }
+  }
+
+  global.PgStream = PgStream;
+})(window);

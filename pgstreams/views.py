@@ -1,0 +1,77 @@
+"""HTTP views: ``events`` serves a stream as Server-Sent Events, for clients and proxies without
+WebSocket. No SQL of its own beyond the authorization lookup; chunks come from the listener."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, StreamingHttpResponse
+
+from .auth import readable_stream
+from .protocol import parse_offset, past_end
+from .exceptions import ReadTimeout, StreamNotFound
+from .reader import aread_batches
+
+# Seconds of silence after which a comment line keeps proxies from closing the connection.
+KEEPALIVE = 15.0
+# One response carries at most this many bytes of events, then ends without an "end" event; the
+# client (EventSource does this by itself) reconnects with Last-Event-ID. This bounds what a
+# client that stops reading can hold in the server's send buffers.
+RESPONSE_BYTES = 1 << 20
+RETRY_MS = 1000
+
+
+async def events(request: HttpRequest, stream_id: uuid.UUID) -> HttpResponse:
+    """``GET streams/<uuid>/events``: one event per chunk, ``id:`` its offset, then ``end``.
+
+    Resumes after ``Last-Event-ID`` (the last offset the client has) or from ``?from=``.
+    """
+    try:
+        last_seen = request.headers.get("Last-Event-ID")
+        if last_seen is not None:
+            start = parse_offset([last_seen], "Last-Event-ID") + 1
+        else:
+            start = parse_offset(request.GET.getlist("from"), "from")
+    except ValueError as exc:
+        return HttpResponseBadRequest(f"{exc}\n", content_type="text/plain")
+    try:
+        stream = await readable_stream(await request.auser(), stream_id)
+    except StreamNotFound:
+        return HttpResponse(f"no stream {stream_id}\n", status=404, content_type="text/plain")
+    except PermissionDenied:
+        return HttpResponse(f"not allowed to read stream {stream_id}\n", status=403, content_type="text/plain")
+    if start > stream.next_offset:
+        return HttpResponseBadRequest(f"{past_end(start, stream)}\n", content_type="text/plain")
+    response = StreamingHttpResponse(_event_stream(stream_id, start), content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # nginx: do not buffer the stream
+    return response
+
+
+async def _event_stream(stream_id: uuid.UUID, position: int) -> AsyncIterator[bytes]:
+    yield f"retry: {RETRY_MS}\n\n".encode()
+    sent = 0
+    while True:
+        try:
+            async for batch in aread_batches(stream_id, from_offset=position, timeout=KEEPALIVE):
+                lines = []
+                for chunk in batch:
+                    body = json.dumps({"offset": chunk.offset, "data": chunk.data}, ensure_ascii=False)
+                    lines.append(f"id: {chunk.offset}\ndata: {body}\n\n")
+                payload = "".join(lines).encode()
+                yield payload
+                position = batch[-1].offset + 1
+                sent += len(payload)
+                if sent >= RESPONSE_BYTES:
+                    return  # the client resumes from Last-Event-ID
+        except ReadTimeout:
+            yield b": keepalive\n\n"
+            continue
+        except StreamNotFound:
+            yield b"event: error\ndata: {\"message\": \"the stream was deleted\"}\n\n"
+            return
+        yield f"event: end\ndata: {json.dumps({'next_offset': position})}\n\n".encode()
+        return
