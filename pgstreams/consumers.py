@@ -85,8 +85,13 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
     async def send_chunks(self) -> None:
         try:
             async for batch in aread_batches(self.stream_id, from_offset=self.position):
-                for items, size in _frames(batch):
+                while batch:
                     await self.window_open()
+                    items, size, batch = _frame(
+                        batch,
+                        max_items=WINDOW_CHUNKS - (self.position - self.acked_to),
+                        max_bytes=min(FRAME_BYTES, WINDOW_BYTES - self.unacked_bytes),
+                    )
                     await self.send(text_data=_encode({"type": "chunks", "stream": str(self.stream_id), "items": items}))
                     self.position = items[-1]["offset"] + 1
                     self.unacked.append((self.position, size))
@@ -139,19 +144,16 @@ def _encode(message: dict[str, Any]) -> str:
     return json.dumps(message, ensure_ascii=False, separators=(",", ":"))
 
 
-def _frames(batch: list[StreamChunk]) -> list[tuple[list[dict[str, Any]], int]]:
-    """Split a batch into frames of at most FRAME_BYTES of data (one chunk at the least)."""
-    frames: list[tuple[list[dict[str, Any]], int]] = []
+def _frame(
+    chunks: list[StreamChunk], max_items: int, max_bytes: int
+) -> tuple[list[dict[str, Any]], int, list[StreamChunk]]:
+    """The items of one frame (at least one chunk, else up to the limits), its size, the rest."""
     items: list[dict[str, Any]] = []
     size = 0
-    for chunk in batch:
-        n = len(chunk.data.encode()) + 32
-        if items and size + n > FRAME_BYTES:
-            frames.append((items, size))
-            items, size = [], 0
+    for chunk in chunks:
+        n = len(chunk.data.encode()) + 32  # with the JSON around it, about
+        if items and (len(items) >= max_items or size + n > max_bytes):
+            break
         items.append({"offset": chunk.offset, "data": chunk.data})
         size += n
-    if items:
-        frames.append((items, size))
-    return frames
-
+    return items, size, chunks[len(items) :]

@@ -254,12 +254,23 @@ class Listener:
             self._loop.close()
 
     async def _main(self) -> None:
-        tasks = [
-            asyncio.create_task(self._listen_forever(), name="pgstreams-listen"),
-            asyncio.create_task(self._fetch_forever(), name="pgstreams-fetch"),
-            asyncio.create_task(self._poll_forever(), name="pgstreams-poll"),
-        ]
-        await self._stopping.wait()
+        """Run the three loops until stop(); a loop that fails is logged and started again."""
+        loops = {
+            "pgstreams-listen": self._listen_forever,
+            "pgstreams-fetch": self._fetch_forever,
+            "pgstreams-poll": self._poll_forever,
+        }
+        tasks = {asyncio.create_task(run(), name=name): name for name, run in loops.items()}
+        stopping = asyncio.create_task(self._stopping.wait())
+        while not stopping.done():
+            done, _ = await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            for task in done - {stopping}:
+                name = tasks.pop(task)
+                if not task.cancelled():
+                    logger.error("pgstreams: %s failed, restarting it", name, exc_info=task.exception())
+                self.stats["restarts"] += 1
+                self._work.set()  # whatever the failed loop was doing is done again
+                tasks[asyncio.create_task(loops[name](), name=name)] = name
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -391,7 +402,7 @@ class Listener:
                     tail.waiters.clear()
         for futures, page in answered:
             for future in futures:
-                future.set_result(page)
+                _resolve(future, page)
         _wake(wake)
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -415,7 +426,7 @@ class Listener:
             wake = [item for tail in self._tails.values() for item in tail.waiters.items()]
         for futures in requests.values():
             for future in futures:
-                future.set_exception(StreamError("the pgstreams listener of this process was stopped"))
+                _resolve(future, StreamError("the pgstreams listener of this process was stopped"))
         _wake(wake)
 
     @property
@@ -440,6 +451,17 @@ async def _fetch(
         if offset is not None:
             page.chunks.append(StreamChunk(key[0], offset, data, created_at))
     return pages
+
+
+def _resolve(future: concurrent.futures.Future[Page], outcome: Page | BaseException) -> None:
+    """Settle a reader's request; a reader that gave up has cancelled it, and that is fine."""
+    try:
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+    except concurrent.futures.InvalidStateError:
+        pass
 
 
 def _wake(waiters: list[tuple[asyncio.AbstractEventLoop | None, Waiter]]) -> None:

@@ -57,13 +57,14 @@ async def _event_stream(stream_id: uuid.UUID, position: int) -> AsyncIterator[by
     while True:
         try:
             async for batch in aread_batches(stream_id, from_offset=position, timeout=KEEPALIVE):
-                lines = []
+                payload = bytearray()
                 for chunk in batch:
                     body = json.dumps({"offset": chunk.offset, "data": chunk.data}, ensure_ascii=False)
-                    lines.append(f"id: {chunk.offset}\ndata: {body}\n\n")
-                payload = "".join(lines).encode()
-                yield payload
-                position = batch[-1].offset + 1
+                    payload += f"id: {chunk.offset}\ndata: {body}\n\n".encode()
+                    position = chunk.offset + 1
+                    if sent + len(payload) >= RESPONSE_BYTES:
+                        break
+                yield bytes(payload)
                 sent += len(payload)
                 if sent >= RESPONSE_BYTES:
                     return  # the client resumes from Last-Event-ID

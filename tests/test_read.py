@@ -214,3 +214,21 @@ def test_readers_in_the_writing_process_are_woken_at_commit_not_by_the_flush() -
         assert hub.stats["polls"] == 0
         assert notify.flusher().depth() == 1  # c1 to c4 still wait to be flushed
     notify.stop_flusher()
+
+
+async def test_a_reader_cancelled_while_its_page_is_fetched_breaks_nothing() -> None:
+    streams = [await pgstreams.acreate_stream() for _ in range(20)]
+    for s in streams:
+        await pgstreams.awrite(s.id, "x")
+    hub = listener.get_listener()
+    # Readers whose first page is still being fetched when they are cancelled.
+    tasks = [asyncio.create_task(anext(pgstreams.aread(s.id))) for s in streams]
+    await asyncio.sleep(0)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    # The listener still serves everyone.
+    for s in streams:
+        await pgstreams.aclose(s.id)
+        assert [c.data async for c in pgstreams.aread(s.id, timeout=5)] == ["x"]
+    assert hub.stats["restarts"] == 0

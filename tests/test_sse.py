@@ -1,0 +1,121 @@
+"""The Server-Sent Events view: events, resume by Last-Event-ID or ?from=, end, errors, access."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.contrib.auth import get_user_model
+from django.test import AsyncClient
+
+import pgstreams
+from pgstreams import views
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def url(stream_id) -> str:
+    return f"/pgstreams/streams/{stream_id}/events"
+
+
+async def events(response) -> list[dict]:
+    """Parse the whole event stream into dicts of its fields."""
+    body = b"".join([part async for part in response.streaming_content]).decode()
+    parsed = []
+    for block in body.split("\n\n"):
+        fields: dict = {}
+        for line in block.splitlines():
+            name, _, value = line.partition(": ")
+            fields[name] = value
+        if fields:
+            parsed.append(fields)
+    return parsed
+
+
+def chunks(parsed: list[dict]) -> list[tuple[int, str]]:
+    out = []
+    for e in parsed:
+        if "data" in e and "event" not in e:
+            item = json.loads(e["data"])
+            assert int(e["id"]) == item["offset"]
+            out.append((item["offset"], item["data"]))
+    return out
+
+
+async def test_events_then_end() -> None:
+    s = await pgstreams.acreate_stream()
+    await pgstreams.awrite_many(s.id, ["a", "line one\nline two\r\n", "c"])
+    await pgstreams.aclose(s.id)
+    response = await AsyncClient().get(url(s.id))
+    assert response.status_code == 200
+    assert response["Content-Type"] == "text/event-stream"
+    assert response["Cache-Control"] == "no-cache"
+    parsed = await events(response)
+    assert parsed[0] == {"retry": "1000"}
+    assert chunks(parsed) == [(0, "a"), (1, "line one\nline two\r\n"), (2, "c")]
+    assert parsed[-1] == {"event": "end", "data": '{"next_offset": 3}'}
+
+
+async def test_resume_with_last_event_id_or_from() -> None:
+    s = await pgstreams.acreate_stream()
+    await pgstreams.awrite_many(s.id, [f"t{i}" for i in range(5)])
+    await pgstreams.aclose(s.id)
+    client = AsyncClient()
+    assert chunks(await events(await client.get(url(s.id), headers={"last-event-id": "2"}))) == [(3, "t3"), (4, "t4")]
+    assert chunks(await events(await client.get(url(s.id) + "?from=4"))) == [(4, "t4")]
+    # Last-Event-ID (a reconnect) wins over the ?from= of the original URL.
+    assert chunks(await events(await client.get(url(s.id) + "?from=0", headers={"last-event-id": "3"}))) == [(4, "t4")]
+
+
+async def test_a_long_stream_is_served_over_several_responses(monkeypatch) -> None:
+    monkeypatch.setattr(views, "RESPONSE_BYTES", 2000)
+    s = await pgstreams.acreate_stream()
+    await pgstreams.awrite_many(s.id, ["x" * 100] * 60)
+    await pgstreams.aclose(s.id)
+    client, got, last, rounds = AsyncClient(), [], None, 0
+    while rounds < 20:
+        rounds += 1
+        headers = {"last-event-id": str(last)} if last is not None else {}
+        parsed = await events(await client.get(url(s.id), headers=headers))
+        got += chunks(parsed)
+        last = got[-1][0] if got else None
+        if parsed[-1].get("event") == "end":
+            break
+    assert [o for o, _ in got] == list(range(60)) and rounds > 2
+
+
+@pytest.mark.parametrize(
+    ("query", "headers"),
+    [("?from=-1", {}), ("?from=x", {}), ("?from=1&from=2", {}), ("?from=9", {}), ("", {"last-event-id": "abc"}), ("", {"last-event-id": "-5"})],
+)
+async def test_bad_offsets_are_400_with_a_reason(query: str, headers: dict) -> None:
+    s = await pgstreams.acreate_stream()
+    await pgstreams.awrite(s.id, "a")
+    response = await AsyncClient().get(url(s.id) + query, headers=headers)
+    assert response.status_code == 400 and response.content.strip()
+
+
+async def test_bad_and_unknown_ids() -> None:
+    client = AsyncClient()
+    assert (await client.get(url(uuid.uuid4()))).status_code == 404
+    assert (await client.get("/pgstreams/streams/not-a-uuid/events")).status_code == 404
+
+
+async def test_authorization_matches_the_websocket() -> None:
+    users = get_user_model().objects
+    alice = await sync_to_async(users.create_user)("alice", password="pw")
+    await sync_to_async(users.create_user)("bob", password="pw")
+    s = await pgstreams.acreate_stream(owner=alice)
+    await pgstreams.awrite(s.id, "secret")
+    await pgstreams.aclose(s.id)
+    anonymous = AsyncClient()
+    response = await anonymous.get(url(s.id))
+    assert response.status_code == 403 and b"secret" not in response.content
+    bob = AsyncClient()
+    await bob.alogin(username="bob", password="pw")
+    assert (await bob.get(url(s.id))).status_code == 403
+    owner = AsyncClient()
+    await owner.alogin(username="alice", password="pw")
+    assert chunks(await events(await owner.get(url(s.id)))) == [(0, "secret")]

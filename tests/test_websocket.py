@@ -1,0 +1,186 @@
+"""The WebSocket consumer through Channels' WebsocketCommunicator: protocol, resume, close codes,
+authorization, flow control and bad client frames."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AnonymousUser
+
+import pgstreams
+from pgstreams import consumers
+from pgstreams.routing import websocket_urlpatterns
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+router = URLRouter(websocket_urlpatterns)
+
+
+async def connect(stream_id: Any, query: str = "", user: Any = None) -> WebsocketCommunicator:
+    path = f"/ws/pgstreams/{stream_id}/" + (f"?{query}" if query else "")
+    communicator = WebsocketCommunicator(router, path)
+    communicator.scope["user"] = user or AnonymousUser()
+    connected, _ = await communicator.connect()
+    assert connected
+    return communicator
+
+
+async def receive_all(communicator: WebsocketCommunicator, timeout: float = 5) -> tuple[list[dict], int]:
+    """Every frame until the socket closes; returns (frames, close code)."""
+    frames = []
+    while True:
+        message = await communicator.receive_output(timeout)
+        if message["type"] == "websocket.close":
+            return frames, message.get("code", 1000)
+        frames.append(json.loads(message["text"]))
+
+
+def offsets(frames: list[dict]) -> list[tuple[int, str]]:
+    return [(i["offset"], i["data"]) for f in frames if f["type"] == "chunks" for i in f["items"]]
+
+
+async def test_sends_available_chunks_in_one_frame_then_live_then_end() -> None:
+    s = await pgstreams.acreate_stream()
+    await pgstreams.awrite_many(s.id, ["a", "b", "c"])
+    ws = await connect(s.id)
+    first = await ws.receive_json_from(5)
+    assert first == {
+        "type": "chunks",
+        "stream": str(s.id),
+        "items": [{"offset": 0, "data": "a"}, {"offset": 1, "data": "b"}, {"offset": 2, "data": "c"}],
+    }
+    await pgstreams.awrite(s.id, "d")
+    assert (await ws.receive_json_from(5))["items"] == [{"offset": 3, "data": "d"}]
+    await pgstreams.aclose(s.id)
+    frames, code = await receive_all(ws)
+    assert frames == [{"type": "end", "next_offset": 4}] and code == 1000
+
+
+async def test_resume_from_an_offset_and_from_the_end() -> None:
+    s = await pgstreams.acreate_stream()
+    await pgstreams.awrite_many(s.id, [f"t{i}" for i in range(6)])
+    await pgstreams.aclose(s.id)
+    frames, code = await receive_all(await connect(s.id, "from=4"))
+    assert offsets(frames) == [(4, "t4"), (5, "t5")] and frames[-1] == {"type": "end", "next_offset": 6}
+    frames, code = await receive_all(await connect(s.id, "from=6"))
+    assert frames == [{"type": "end", "next_offset": 6}] and code == 1000
+
+
+@pytest.mark.parametrize("query", ["from=-1", "from=abc", "from=1.5", "from=1&from=2", "from=", "from=99999999999999999999", "from=7"])
+async def test_bad_offsets_close_with_4400(query: str) -> None:
+    s = await pgstreams.acreate_stream()
+    await pgstreams.awrite_many(s.id, ["a", "b"])
+    frames, code = await receive_all(await connect(s.id, query))
+    assert code == 4400
+    assert frames[0]["type"] == "error" and frames[0]["code"] == 4400 and frames[0]["message"]
+
+
+async def test_unknown_stream_closes_with_4404() -> None:
+    frames, code = await receive_all(await connect(uuid.uuid4()))
+    assert code == 4404 and "no stream" in frames[0]["message"]
+
+
+@sync_to_async
+def make_user(name: str, **extra: Any):
+    return get_user_model().objects.create_user(name, password="pw", **extra)
+
+
+async def test_authorization_owner_staff_others_and_anonymous() -> None:
+    alice, bob = await make_user("alice"), await make_user("bob")
+    staff = await make_user("staff", is_staff=True)
+    owned = await pgstreams.acreate_stream(owner=alice)
+    await pgstreams.awrite(owned.id, "secret")
+    await pgstreams.aclose(owned.id)
+    for user, expected in [(bob, 4403), (None, 4403), (alice, 1000), (staff, 1000)]:
+        frames, code = await receive_all(await connect(owned.id, user=user))
+        assert code == expected, user
+        if expected == 4403:
+            assert all(f["type"] == "error" for f in frames)  # not a byte of data
+        else:
+            assert offsets(frames) == [(0, "secret")]
+    # A stream without an owner is a capability link: anyone with its id may read it.
+    public = await pgstreams.acreate_stream()
+    await pgstreams.aclose(public.id)
+    assert (await receive_all(await connect(public.id)))[1] == 1000
+
+
+async def test_authorize_setting_is_used(settings) -> None:
+    settings.PGSTREAMS = {"AUTHORIZE": "tests.test_websocket.nobody_may_read"}
+    s = await pgstreams.acreate_stream()
+    assert (await receive_all(await connect(s.id)))[1] == 4403
+
+
+def nobody_may_read(user: Any, stream: Any) -> bool:
+    return False
+
+
+async def test_a_client_that_does_not_ack_gets_one_window_then_resumes_after_an_ack() -> None:
+    s = await pgstreams.acreate_stream()
+    total = consumers.WINDOW_CHUNKS + 300
+    for start in range(0, total, 500):
+        await pgstreams.awrite_many(s.id, [str(i) for i in range(start, min(total, start + 500))])
+    await pgstreams.aclose(s.id)
+    ws = await connect(s.id)
+    frames = []
+    while len(offsets(frames)) < consumers.WINDOW_CHUNKS:
+        frames.append(await ws.receive_json_from(5))
+    assert len(offsets(frames)) == consumers.WINDOW_CHUNKS
+    assert await ws.receive_nothing(0.5)  # and no more without an ack
+    await ws.send_json_to({"type": "ack", "offset": consumers.WINDOW_CHUNKS - 1})
+    rest, code = await receive_all(ws)
+    assert [o for o, _ in offsets(frames + rest)] == list(range(total))
+    assert rest[-1] == {"type": "end", "next_offset": total} and code == 1000
+
+
+@pytest.mark.parametrize(
+    ("send", "fragment"),
+    [
+        ({"bytes_data": b"\x00\x01"}, "binary"),
+        ({"text_data": "not json"}, "JSON"),
+        ({"text_data": '{"type": "subscribe", "stream": "*"}'}, "only client message"),
+        ({"text_data": '{"type": "ack", "offset": -3}'}, "only client message"),
+        ({"text_data": '{"type": "ack", "offset": true}'}, "only client message"),
+        ({"text_data": "[" * 5000}, "at most"),
+    ],
+)
+async def test_junk_client_frames_close_with_4400_and_a_reason(send: dict, fragment: str) -> None:
+    s = await pgstreams.acreate_stream()
+    ws = await connect(s.id)
+    await ws.send_to(**send)
+    frames, code = await receive_all(ws)
+    assert code == 4400 and fragment in frames[-1]["message"]
+    await pgstreams.awrite(s.id, "still fine")  # the stream is untouched
+
+
+async def test_demo_application_refuses_a_foreign_origin() -> None:
+    from demo_project.asgi import application
+
+    s = await pgstreams.acreate_stream()
+    communicator = WebsocketCommunicator(
+        application, f"/ws/pgstreams/{s.id}/", headers=[(b"origin", b"http://evil.example"), (b"host", b"127.0.0.1")]
+    )
+    connected, _ = await communicator.connect()
+    assert not connected
+    good = WebsocketCommunicator(
+        application, f"/ws/pgstreams/{s.id}/", headers=[(b"origin", b"http://127.0.0.1"), (b"host", b"127.0.0.1")]
+    )
+    connected, _ = await good.connect()
+    assert connected
+    await good.disconnect()
+
+
+async def test_a_client_silent_with_a_full_window_is_closed_with_4408(monkeypatch) -> None:
+    monkeypatch.setattr(consumers, "ACK_TIMEOUT", 0.3)
+    monkeypatch.setattr(consumers, "WINDOW_CHUNKS", 10)
+    s = await pgstreams.acreate_stream()
+    await pgstreams.awrite_many(s.id, [str(i) for i in range(25)])
+    frames, code = await receive_all(await connect(s.id))
+    assert len(offsets(frames)) == 10
+    assert code == 4408 and "?from=0" in frames[-1]["message"]
