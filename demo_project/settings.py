@@ -1,5 +1,6 @@
 """Settings of the demo site, which is also the tests' Django project."""
 
+import os
 from pathlib import Path
 
 from .database import default_database
@@ -69,7 +70,7 @@ LOGIN_REDIRECT_URL = "chat:index"
 LOGOUT_REDIRECT_URL = "login"
 
 # The fake LLM's pace.
-CHAT_TOKENS_PER_SECOND = 30
+CHAT_TOKENS_PER_SECOND = float(os.environ.get("CHAT_TOKENS_PER_SECOND", "30"))
 # The demo user, created by `manage.py demo`; the login page shows these.
 DEMO_USERNAME = "demo"
 DEMO_PASSWORD = "demo"

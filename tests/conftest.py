@@ -39,7 +39,7 @@ def fresh_listener() -> Iterator[None]:
     listener.stop_listener()
 
 
-def test_database_url() -> str:
+def subprocess_database_url() -> str:
     """A libpq connection string for the test database, for other processes."""
     s = connection.settings_dict
     return make_conninfo(
@@ -54,7 +54,7 @@ def spawn():
     started: list[subprocess.Popen[str]] = []
 
     def start(*args: str) -> subprocess.Popen[str]:
-        env = {**os.environ, "DATABASE_URL": test_database_url(), "DJANGO_SETTINGS_MODULE": "demo_project.settings"}
+        env = {**os.environ, "DATABASE_URL": subprocess_database_url(), "DJANGO_SETTINGS_MODULE": "demo_project.settings"}
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests.workers", *args],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -1,0 +1,138 @@
+"""The demo served by daphne in its own process: WebSocket clients over real sockets, and a real
+browser (Debian's Chromium driven by Playwright) reading an answer across a reload."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+import websockets
+
+import pgstreams
+from demo_project.chat import llm
+from tests.conftest import ROOT, subprocess_database_url
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess]
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def demo_server() -> Iterator[str]:
+    """``manage.py demo`` on a free loopback port, against the test database."""
+    port = free_port()
+    env = {**os.environ, "DATABASE_URL": subprocess_database_url(), "CHAT_TOKENS_PER_SECOND": "30"}
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "demo", "--addrport", f"127.0.0.1:{port}"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        assert "pgstreams demo on http://127.0.0.1" in proc.stdout.readline()
+        deadline = time.monotonic() + 20
+        while True:  # bounded: until daphne accepts connections
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, "the demo did not start"
+                time.sleep(0.1)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+async def follow(host: str, stream_id, from_offset: int = 0) -> tuple[list[tuple[int, str]], int]:
+    """A WebSocket client that acks what it gets; returns (chunks, end's next_offset)."""
+    got = []
+    async with websockets.connect(
+        f"ws://{host}/ws/pgstreams/{stream_id}/?from={from_offset}", origin=f"http://{host}", open_timeout=10
+    ) as ws:
+        async for raw in ws:
+            message = json.loads(raw)
+            if message["type"] == "chunks":
+                got += [(i["offset"], i["data"]) for i in message["items"]]
+                try:
+                    await ws.send(json.dumps({"type": "ack", "offset": got[-1][0]}))
+                except websockets.ConnectionClosedOK:
+                    pass  # the server sent the end and closed while this ack was on its way
+            elif message["type"] == "end":
+                return got, message["next_offset"]
+    raise AssertionError(f"closed without an end frame: code {ws.close_code}")
+
+
+async def test_websocket_clients_of_a_daphne_process_get_every_chunk(demo_server: str) -> None:
+    s = await pgstreams.acreate_stream()
+    clients = [asyncio.create_task(follow(demo_server, s.id)) for _ in range(8)]
+    clients.append(asyncio.create_task(follow(demo_server, s.id, from_offset=0)))
+    await asyncio.sleep(0.5)
+    expected = []
+    for i in range(400):
+        expected.append((i, f"tok{i} "))
+        await pgstreams.awrite(s.id, f"tok{i} ")
+        if i % 50 == 0:
+            await asyncio.sleep(0.01)
+    await pgstreams.aclose(s.id)
+    results = await asyncio.wait_for(asyncio.gather(*clients), 60)
+    for got, next_offset in results:
+        assert got == expected and next_offset == 400
+    # A late client resumes from the middle.
+    got, _ = await asyncio.wait_for(follow(demo_server, s.id, from_offset=390), 20)
+    assert got == expected[390:]
+
+
+def test_the_chat_page_streams_an_answer_that_survives_a_reload(demo_server: str) -> None:
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"Chromium is not installed at {CHROMIUM} (apt-get install -y chromium)")
+    from playwright.sync_api import sync_playwright
+
+    prompt = "Why does a NOTIFY per write not scale?"
+    expected = "".join(llm.answer(prompt))
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run"],
+        )
+        try:
+            page = browser.new_page(viewport={"width": 390, "height": 844})
+            page.set_default_timeout(20_000)
+            page.goto(f"http://{demo_server}/")
+            assert "sign in as" in page.inner_text("main")
+            page.fill("#id_username", "demo")
+            page.fill("#id_password", "demo")
+            page.click("form.login button")
+            page.fill("#prompt", prompt)
+            page.click("form.ask button")
+            page.wait_for_selector("#status[data-state=live]")
+            # Tokens arrive one after another: the answer grows while the status is live.
+            page.wait_for_function("document.getElementById('answer').textContent.length > 20")
+            first = page.inner_text("#answer")
+            page.wait_for_function(f"document.getElementById('answer').textContent.length > {len(first) + 20}")
+            assert page.get_attribute("#status", "data-state") == "live"
+            page.reload()  # mid-answer
+            page.wait_for_selector("#status[data-state=done]")
+            shown = page.eval_on_selector("#answer", "el => el.textContent")
+            assert shown == expected  # the whole answer, exactly once
+            assert page.inner_text("#status") == f"done · {len(llm.answer(prompt))} tokens"
+        finally:
+            browser.close()
