@@ -39,10 +39,20 @@ __all__ = [
     "ChunkTooLarge",
     "InvalidChunk",
     "ReadTimeout",
+    "StreamChunk",
     "StreamClosed",
     "StreamError",
     "StreamNotFound",
-    *_LAZY,
+    "aclose",
+    "acreate_stream",
+    "aread",
+    "awrite",
+    "awrite_many",
+    "close",
+    "create_stream",
+    "read",
+    "write",
+    "write_many",
 ]
 
 

@@ -53,8 +53,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "POLL_INTERVAL": (_positive_number, "a positive number of seconds"),
     "CHANNEL": (
         _identifier,
-        "a plain SQL identifier (letters, digits and underscores, not starting with a digit) "
-        "of at most 63 bytes",
+        "a plain SQL identifier (letters, digits and underscores, not starting with a digit) of at most 63 bytes",
     ),
     "MAX_CHUNK_BYTES": (
         lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
@@ -66,7 +65,6 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
         "the dotted path of a callable(user, stream) -> bool",
     ),
 }
-
 
 
 def _user_settings() -> dict[str, Any]:

@@ -24,9 +24,9 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.core.exceptions import PermissionDenied
 
 from .auth import readable_stream
-from .protocol import parse_offset, past_end
 from .exceptions import StreamError, StreamNotFound
 from .listener import StreamChunk
+from .protocol import parse_offset, past_end
 from .reader import aread_batches
 
 logger = logging.getLogger("pgstreams.consumers")
@@ -43,6 +43,7 @@ FORBIDDEN = 4403
 NOT_FOUND = 4404
 TOO_SLOW = 4408
 SERVER_ERROR = 1011
+
 
 class StreamConsumer(AsyncJsonWebsocketConsumer):
     """``ws/pgstreams/<uuid:stream_id>/?from=<offset>``: a stream's chunks as JSON frames."""
@@ -92,7 +93,9 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
                         max_items=WINDOW_CHUNKS - (self.position - self.acked_to),
                         max_bytes=min(FRAME_BYTES, WINDOW_BYTES - self.unacked_bytes),
                     )
-                    await self.send(text_data=_encode({"type": "chunks", "stream": str(self.stream_id), "items": items}))
+                    await self.send(
+                        text_data=_encode({"type": "chunks", "stream": str(self.stream_id), "items": items})
+                    )
                     self.position = items[-1]["offset"] + 1
                     self.unacked.append((self.position, size))
                     self.unacked_bytes += size

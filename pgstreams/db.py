@@ -25,9 +25,7 @@ def connect_kwargs(alias: str, role: str) -> dict[str, Any]:
     """
     wrapper = connections[alias]
     if wrapper.vendor != "postgresql":
-        raise psycopg.NotSupportedError(
-            f"pgstreams needs PostgreSQL; database {alias!r} is {wrapper.vendor}"
-        )
+        raise psycopg.NotSupportedError(f"pgstreams needs PostgreSQL; database {alias!r} is {wrapper.vendor}")
     params = wrapper.get_connection_params()
     for key in _DJANGO_ONLY:
         params.pop(key, None)

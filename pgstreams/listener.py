@@ -139,9 +139,7 @@ class Tail:
         self.window.extend(chunks)
         self.window_chars += sum(len(c.data) for c in chunks)
         drop, droppable = 0, len(self.window) - len(chunks)
-        while drop < droppable and (
-            len(self.window) - drop > WINDOW_CHUNKS or self.window_chars > WINDOW_CHARS
-        ):
+        while drop < droppable and (len(self.window) - drop > WINDOW_CHUNKS or self.window_chars > WINDOW_CHARS):
             self.window_chars -= len(self.window[drop].data)
             drop += 1
         if drop:

@@ -11,8 +11,8 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, StreamingHttpResponse
 
 from .auth import readable_stream
-from .protocol import parse_offset, past_end
 from .exceptions import ReadTimeout, StreamNotFound
+from .protocol import parse_offset, past_end
 from .reader import aread_batches
 
 # Seconds of silence after which a comment line keeps proxies from closing the connection.
@@ -72,7 +72,7 @@ async def _event_stream(stream_id: uuid.UUID, position: int) -> AsyncIterator[by
             yield b": keepalive\n\n"
             continue
         except StreamNotFound:
-            yield b"event: error\ndata: {\"message\": \"the stream was deleted\"}\n\n"
+            yield b'event: error\ndata: {"message": "the stream was deleted"}\n\n'
             return
         yield f"event: end\ndata: {json.dumps({'next_offset': position})}\n\n".encode()
         return

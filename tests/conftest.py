@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _stop_background_threads(django_db_setup: None, django_db_blocker)  -> Iterator[None]:
+def _stop_background_threads(django_db_setup: None, django_db_blocker) -> Iterator[None]:
     """Close pgstreams' own connections before pytest-django drops the test database."""
     yield
     listener.stop_listener()
@@ -43,8 +43,11 @@ def subprocess_database_url() -> str:
     """A libpq connection string for the test database, for other processes."""
     s = connection.settings_dict
     return make_conninfo(
-        dbname=s["NAME"], user=s["USER"] or None, password=s["PASSWORD"] or None,
-        host=s["HOST"] or None, port=s["PORT"] or None,
+        dbname=s["NAME"],
+        user=s["USER"] or None,
+        password=s["PASSWORD"] or None,
+        host=s["HOST"] or None,
+        port=s["PORT"] or None,
     )
 
 
@@ -54,10 +57,19 @@ def spawn():
     started: list[subprocess.Popen[str]] = []
 
     def start(*args: str) -> subprocess.Popen[str]:
-        env = {**os.environ, "DATABASE_URL": subprocess_database_url(), "DJANGO_SETTINGS_MODULE": "demo_project.settings"}
+        env = {
+            **os.environ,
+            "DATABASE_URL": subprocess_database_url(),
+            "DJANGO_SETTINGS_MODULE": "demo_project.settings",
+        }
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests.workers", *args],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         started.append(proc)
         return proc

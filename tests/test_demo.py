@@ -38,7 +38,11 @@ def demo_server() -> Iterator[str]:
     env = {**os.environ, "DATABASE_URL": subprocess_database_url(), "CHAT_TOKENS_PER_SECOND": "30"}
     proc = subprocess.Popen(
         [sys.executable, "manage.py", "demo", "--addrport", f"127.0.0.1:{port}"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         assert "pgstreams demo on http://127.0.0.1" in proc.stdout.readline()
@@ -110,8 +114,14 @@ def test_the_chat_page_streams_an_answer_that_survives_a_reload(demo_server: str
         browser = p.chromium.launch(
             executable_path=CHROMIUM,
             headless=True,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--no-first-run"],
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+            ],
         )
         try:
             page = browser.new_page(viewport={"width": 390, "height": 844})

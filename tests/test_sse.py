@@ -88,7 +88,14 @@ async def test_a_long_stream_is_served_over_several_responses(monkeypatch) -> No
 
 @pytest.mark.parametrize(
     ("query", "headers"),
-    [("?from=-1", {}), ("?from=x", {}), ("?from=1&from=2", {}), ("?from=9", {}), ("", {"last-event-id": "abc"}), ("", {"last-event-id": "-5"})],
+    [
+        ("?from=-1", {}),
+        ("?from=x", {}),
+        ("?from=1&from=2", {}),
+        ("?from=9", {}),
+        ("", {"last-event-id": "abc"}),
+        ("", {"last-event-id": "-5"}),
+    ],
 )
 async def test_bad_offsets_are_400_with_a_reason(query: str, headers: dict) -> None:
     s = await pgstreams.acreate_stream()

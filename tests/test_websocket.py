@@ -73,7 +73,9 @@ async def test_resume_from_an_offset_and_from_the_end() -> None:
     assert frames == [{"type": "end", "next_offset": 6}] and code == 1000
 
 
-@pytest.mark.parametrize("query", ["from=-1", "from=abc", "from=1.5", "from=1&from=2", "from=", "from=99999999999999999999", "from=7"])
+@pytest.mark.parametrize(
+    "query", ["from=-1", "from=abc", "from=1.5", "from=1&from=2", "from=", "from=99999999999999999999", "from=7"]
+)
 async def test_bad_offsets_close_with_4400(query: str) -> None:
     s = await pgstreams.acreate_stream()
     await pgstreams.awrite_many(s.id, ["a", "b"])

@@ -3,8 +3,9 @@
 ``python -m tests.workers threads --stream ID --threads 16 --per-thread 50``: 16 threads write
 one stream, some writes rolled back; prints one JSON list of the committed (offset, data) pairs.
 
-``python -m tests.workers hang --stream ID --count 20 --flush-interval 3600``: writes, prints
-"written", then sleeps, its later notifications still in the buffer, until it is killed.
+``python -m tests.workers hang --stream ID --count 20 --flush-interval 3600``: writes one chunk,
+prints "first", waits for a line on stdin, writes the rest, prints "written", then sleeps with
+their notifications still in its buffer until it is killed.
 
 ``python -m tests.workers exit --stream ID --count 5 --flush-interval 3600``: writes, then exits
 normally, leaving the final flush at exit to announce the last writes.
@@ -64,8 +65,11 @@ def threads(stream: str, n_threads: int, per_thread: int) -> None:
 def hang(stream: str, count: int) -> None:
     import pgstreams
 
-    for i in range(count):
-        pgstreams.write(stream, f"c{i}")
+    pgstreams.write(stream, "c0")  # notified at once: the flusher was idle
+    print("first", flush=True)
+    sys.stdin.readline()  # the test says when its reader has c0
+    for i in range(1, count):
+        pgstreams.write(stream, f"c{i}")  # announced only by the next flush, an hour away
     print("written", flush=True)
     time.sleep(3600)
 
