@@ -173,7 +173,10 @@ def test_with_notifications_off_the_poll_delivers_with_one_query_per_interval() 
         streams = [pgstreams.create_stream() for _ in range(30)]
         readers = [pgstreams.read(s.id, timeout=10) for s in streams]
         got: list[list[str]] = [[] for _ in streams]
-        threads = [threading.Thread(target=lambda r=r, g=g: g.extend(c.data for c in r)) for r, g in zip(readers, got, strict=True)]
+        threads = [
+            threading.Thread(target=lambda r=r, g=g: g.extend(c.data for c in r))
+            for r, g in zip(readers, got, strict=True)
+        ]
         for t in threads:
             t.start()
         time.sleep(0.5)  # let the first pages arrive
