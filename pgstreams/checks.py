@@ -17,6 +17,7 @@ _SETTING_IDS = {
     "MAX_CHUNK_BYTES": "pgstreams.E006",
     "DATABASE": "pgstreams.E007",
     "AUTHORIZE": "pgstreams.E008",
+    "PREPARED_STATEMENTS": "pgstreams.E009",
 }
 
 

@@ -13,6 +13,8 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
 DEFAULTS: dict[str, Any] = {
@@ -23,6 +25,7 @@ DEFAULTS: dict[str, Any] = {
     "MAX_CHUNK_BYTES": 65536,
     "DATABASE": "default",
     "AUTHORIZE": "pgstreams.auth.default_authorize",
+    "PREPARED_STATEMENTS": True,
 }
 
 NOTIFY_MODES = ("buffered", "per_write", "off")
@@ -64,6 +67,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
         _importable,
         "the dotted path of a callable(user, stream) -> bool",
     ),
+    "PREPARED_STATEMENTS": (lambda v: isinstance(v, bool), "True or False"),
 }
 
 
@@ -93,11 +97,30 @@ def unknown_keys() -> list[str]:
     return sorted(set(_user_settings()) - set(DEFAULTS))
 
 
+# Validated values, for as long as settings.PGSTREAMS is the same object (override_settings and
+# assignment replace it; setting_changed clears the cache for changes to other settings).
+_validated: tuple[object, dict[str, Any]] = (object(), {})
+
+
 def _valid(name: str) -> Any:
+    global _validated
+    source = getattr(settings, "PGSTREAMS", None)
+    seen, values = _validated
+    if source is seen and name in values:
+        return values[name]
     error = problem(name)
     if error:
         raise ImproperlyConfigured(error)
-    return get(name)
+    if source is not seen:
+        _validated = seen, values = source, {}
+    values[name] = get(name)
+    return values[name]
+
+
+@receiver(setting_changed)
+def _forget_validated(**kwargs: Any) -> None:
+    global _validated
+    _validated = (object(), {})
 
 
 def notify_mode() -> str:
@@ -122,6 +145,10 @@ def max_chunk_bytes() -> int:
 
 def database() -> str:
     return _valid("DATABASE")
+
+
+def prepared_statements() -> bool:
+    return _valid("PREPARED_STATEMENTS")
 
 
 def authorize() -> Callable[[Any, Any], bool]:

@@ -439,7 +439,8 @@ class Listener:
 async def _fetch(
     conn: psycopg.AsyncConnection[Any], keys: list[tuple[uuid.UUID, int]]
 ) -> dict[tuple[uuid.UUID, int], Page]:
-    cursor = await conn.execute(FETCH_SQL, ([k[0] for k in keys], [k[1] for k in keys], PAGE_SIZE))
+    params = ([k[0] for k in keys], [k[1] for k in keys], PAGE_SIZE)
+    cursor = await conn.execute(FETCH_SQL, params, prepare=conf.prepared_statements())
     pages: dict[tuple[uuid.UUID, int], Page] = {}
     for i, next_offset, closed, offset, data, created_at in await cursor.fetchall():
         key = keys[i - 1]

@@ -105,7 +105,8 @@ class Flusher:
             self._pending[mark.stream_id] = mark
             if self._thread is None and self._autostart:
                 self._start()
-        self._wake.set()
+        if not self._wake.is_set():  # set() takes a lock: skip it while a flush is already due
+            self._wake.set()
 
     def depth(self) -> int:
         return len(self._pending)

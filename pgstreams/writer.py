@@ -12,6 +12,7 @@ import uuid
 from functools import partial
 from typing import Any
 
+import psycopg
 from asgiref.sync import sync_to_async
 from django.db import connections, transaction
 
@@ -96,7 +97,7 @@ def _execute(kind: str, alias: str, mode: str, params: dict[str, Any]) -> list[t
         params = {**params, "channel": conf.channel(), "hex": params["id"].hex}
     else:
         sql = _QUIET[kind]
-    with connections[alias].cursor() as cursor:
+    with _cursor(alias) as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
         if not rows:
@@ -109,6 +110,36 @@ def _execute(kind: str, alias: str, mode: str, params: dict[str, Any]) -> list[t
                 raise StreamClosed(f"stream {params['id']} is already closed (since {closed_at})")
             raise StreamClosed(f"stream {params['id']} was closed at {closed_at}; create a new stream to write more")
     return rows
+
+
+_NEVER_AUTOMATIC = 2**31 - 1
+
+
+class _PreparedCursor(psycopg.Cursor):  # type: ignore[type-arg]
+    """A server-binding cursor whose statements are prepared once per connection."""
+
+    def execute(
+        self, query: Any, params: Any = None, *, prepare: bool | None = None, binary: bool | None = None
+    ) -> Any:
+        return super().execute(query, params, prepare=True if prepare is None else prepare, binary=binary)
+
+
+def _cursor(alias: str) -> Any:
+    """A cursor on Django's connection (so it joins the caller's transaction), wrapped by Django
+    (query logging, execute wrappers, error translation), preparing its statements when
+    PGSTREAMS['PREPARED_STATEMENTS'] allows: the server then parses and plans a write once per
+    connection instead of once per write."""
+    wrapper = connections[alias]
+    if not conf.prepared_statements():
+        return wrapper.cursor()
+    wrapper.ensure_connection()
+    wrapper.validate_thread_sharing()
+    if wrapper.connection.prepare_threshold is None:
+        # Django turns automatic preparing off (None), which also refuses prepare=True. A
+        # threshold no query reaches keeps Django's queries unprepared and lets ours be.
+        wrapper.connection.prepare_threshold = _NEVER_AUTOMATIC
+    raw = _PreparedCursor(wrapper.connection)
+    return wrapper.make_debug_cursor(raw) if wrapper.queries_logged else wrapper.make_cursor(raw)
 
 
 def _announce_after_commit(alias: str, mode: str, mark: notify.Mark) -> None:

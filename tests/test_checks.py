@@ -36,6 +36,7 @@ def test_defaults_pass() -> None:
         ({"DATABASE": "nowhere"}, "pgstreams.E007"),
         ({"AUTHORIZE": "no.such.module.rule"}, "pgstreams.E008"),
         ({"AUTHORIZE": "pgstreams.conf.DEFAULTS"}, "pgstreams.E008"),
+        ({"PREPARED_STATEMENTS": "yes"}, "pgstreams.E009"),
         ({"NOTIFY_MDOE": "off"}, "pgstreams.W001"),
     ],
 )

@@ -160,3 +160,15 @@ async def test_async_twins() -> None:
     with pytest.raises(pgstreams.StreamClosed):
         await pgstreams.awrite(s.id, "d")
     assert [c.data async for c in pgstreams.aread(s.id)] == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("prepared", [True, False])
+def test_writes_are_prepared_statements_unless_turned_off(prepared: bool) -> None:
+    connection.close()  # a fresh connection holds no prepared statement
+    with override_settings(PGSTREAMS={"PREPARED_STATEMENTS": prepared}):
+        s = pgstreams.create_stream()
+        for i in range(3):
+            assert pgstreams.write(s.id, "x") == i
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s", ["%pgstreams_chunk%"])
+            assert cursor.fetchone()[0] == (1 if prepared else 0)

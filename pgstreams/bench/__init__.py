@@ -1,0 +1,7 @@
+"""``pgstreams_bench``: writers, readers and notification modes measured side by side in one run.
+
+``run.py`` coordinates, ``procs.py`` holds the writer and reader processes, ``ceiling.py`` runs
+pgbench for the server's own ceiling, ``ws.py`` the WebSocket mode, ``report.py`` the output.
+This package imports nothing at import time: the worker processes import it before Django is
+set up.
+"""

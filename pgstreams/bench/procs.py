@@ -1,0 +1,202 @@
+"""The benchmark's worker processes: writers (threads writing their own streams) and readers
+(``aread`` tasks, ``fanout`` per stream). Each runs in a spawned process that sets Django up as
+the coordinator describes it, then reports raw timings back through a queue.
+
+Timestamps are ``time.monotonic()``, one clock shared by every process on the host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Boot:
+    """What a child needs to set Django up exactly as the coordinator runs it."""
+
+    settings_module: str
+    alias: str
+    database: dict[str, Any]
+    pgstreams: dict[str, Any]
+
+
+def setup(boot: Boot) -> None:
+    os.environ["DJANGO_SETTINGS_MODULE"] = boot.settings_module
+    from django.conf import settings
+
+    # Before django.setup(): connections are configured from this on first use.
+    settings.DATABASES[boot.alias] = boot.database
+    import django
+
+    django.setup()
+    settings.PGSTREAMS = boot.pgstreams
+
+
+@dataclass
+class WriterResult:
+    latencies: array = field(default_factory=lambda: array("d"))
+    # per stream id: commit times, indexed by offset (each stream has one writing thread)
+    commits: dict[str, array] = field(default_factory=dict)
+    started: float = 0.0
+    finished: float = 0.0
+    errors: int = 0
+
+
+def writer(
+    boot: Boot,
+    streams_per_thread: list[list[str]],
+    duration: float,
+    interval: float,
+    chunk_bytes: int,
+    go: Any,
+    ready: Any,
+    results: Any,
+    progress: Any,
+    slot: int,
+) -> None:
+    """Threads writing their streams flat out (``interval`` 0) or one write per ``interval`` s."""
+    setup(boot)
+    from django.db import connections
+
+    import pgstreams
+
+    result = WriterResult()
+    lock = threading.Lock()
+    pad = "x" * chunk_bytes
+
+    def run(index: int, streams: list[str]) -> None:
+        commits = {sid: array("d") for sid in streams}
+        latencies = array("d")
+        errors = 0
+        go.wait()
+        start = time.monotonic()
+        end = start + duration
+        next_at = start + interval * index / max(len(streams_per_thread), 1)
+        n = 0
+        while True:
+            now = time.monotonic()
+            if now >= end:
+                break
+            if interval:
+                if now < next_at:
+                    time.sleep(next_at - now)
+                next_at += interval
+            sid = streams[n % len(streams)]
+            data = (f"{n:012d}" + pad)[:chunk_bytes]
+            t0 = time.monotonic()
+            try:
+                offset = pgstreams.write(sid, data, using=boot.alias)
+            except Exception:
+                errors += 1
+                continue
+            t1 = time.monotonic()
+            latencies.append(t1 - t0)
+            assert offset == len(commits[sid])
+            commits[sid].append(t1)
+            n += 1
+            if n % 256 == 0:
+                progress[slot] += 256
+        connections.close_all()
+        with lock:
+            result.latencies.extend(latencies)
+            result.commits.update(commits)
+            result.errors += errors
+            result.started = start if not result.started else min(result.started, start)
+            result.finished = max(result.finished, time.monotonic())
+
+    threads = [
+        threading.Thread(target=run, args=(i, s), name=f"bench-writer-{i}") for i, s in enumerate(streams_per_thread)
+    ]
+    for t in threads:
+        t.start()
+    ready.put(("writer", os.getpid()))
+    for t in threads:
+        t.join()
+    for streams in streams_per_thread:
+        for sid in streams:
+            pgstreams.close(sid, using=boot.alias)
+    from pgstreams import notify
+
+    notify.stop_flusher()  # the final flush, before reporting
+    results.put(("writer", result))
+
+
+@dataclass
+class ReaderResult:
+    pid: int = 0
+    stream: array = field(default_factory=lambda: array("i"))  # index into the coordinator's list
+    offset: array = field(default_factory=lambda: array("q"))
+    received: array = field(default_factory=lambda: array("d"))
+    duplicates: int = 0
+    out_of_order: int = 0
+    backends: int = 0
+    polls: int = 0
+    fetches: int = 0
+    elapsed: float = 0.0
+    error: str = ""
+
+
+def reader(boot: Boot, stream_ids: list[str], fanout: int, timeout: float, ready: Any, results: Any) -> None:
+    """``fanout`` aread() loops per stream, until every stream ends (or ``timeout`` passes)."""
+    setup(boot)
+    result = asyncio.run(_read_all(boot, stream_ids, fanout, timeout, ready))
+    results.put(("reader", result))
+
+
+async def _read_all(boot: Boot, stream_ids: list[str], fanout: int, timeout: float, ready: Any) -> ReaderResult:
+    import pgstreams
+    from pgstreams import listener
+
+    result = ReaderResult(pid=os.getpid())
+    started = time.monotonic()
+
+    async def follow(index: int, sid: str) -> None:
+        expected = 0
+        async for chunk in pgstreams.aread(sid):
+            now = time.monotonic()
+            if chunk.offset < expected:
+                result.duplicates += 1
+                continue
+            if chunk.offset > expected:
+                result.out_of_order += 1
+            expected = chunk.offset + 1
+            result.stream.append(index)
+            result.offset.append(chunk.offset)
+            result.received.append(now)
+
+    tasks = [asyncio.create_task(follow(i, sid)) for i, sid in enumerate(stream_ids) for _ in range(fanout)]
+    hub = listener.get_listener()
+    while not hub.listening.is_set() and time.monotonic() - started < 30:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.2)  # every reader has asked for its first page
+    before = hub.stats.copy()
+    ready.put(("reader", os.getpid()))
+    measured_from = time.monotonic()
+    try:
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout)
+    except TimeoutError:
+        result.error = f"readers still waiting after {timeout:.0f} s"
+    result.elapsed = time.monotonic() - measured_from
+    result.polls = hub.stats["polls"] - before["polls"]
+    result.fetches = hub.stats["fetches"] - before["fetches"]
+    result.backends = await asyncio.to_thread(_own_backends, boot.alias)
+    return result
+
+
+def _own_backends(alias: str) -> int:
+    from django.db import connections
+
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE %s",
+            [f"pgstreams % {os.getpid()}"],
+        )
+        count = cursor.fetchone()[0]
+    connections.close_all()
+    return count

@@ -1,0 +1,85 @@
+"""The benchmark's output: a table for the terminal and a PNG (latency CDFs and writes/s bars)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def table(report: dict[str, Any]) -> str:
+    """The runs as a fixed-width table, with the pgbench ceiling and ratios below it."""
+    head = (
+        f"{'mode':<12}{'writes/s':>10}{'write p50':>10}{'p99':>8}{'e2e p50':>9}{'p99':>8}{'p99.9':>8}{'max':>8}"
+        f"{'coverage':>10}{'dup':>5}{'ooo':>5}{'backends':>9}{'polls/s':>8}"
+    )
+    lines = [head, "-" * len(head)]
+
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
+    for run in report["runs"]:
+        w, e = run["write_ms"], run["e2e_ms"]
+        coverage = "-" if run["coverage"] is None else f"{run['coverage']:.4f}"
+        lines.append(
+            f"{run['mode']:<12}{run['writes_per_s']:>10.0f}{ms(w['p50']):>10}{ms(w['p99']):>8}"
+            f"{ms(e['p50']):>9}{ms(e['p99']):>8}{ms(e['p999']):>8}{ms(e['max']):>8}"
+            f"{coverage:>10}{run['duplicates']:>5}{run['out_of_order']:>5}{run['reader_backends']:>9}"
+            f"{run['poll_queries_per_s']:>8.2f}"
+        )
+    lines.append("(latencies in ms; backends and polls/s summed over the reader processes)")
+    if report.get("pgbench_tps") is not None:
+        lines.append(
+            f"pgbench, the write statement from C clients: {report['pgbench_tps']:.0f} tps plain, "
+            f"{report['pgbench_notify_tps']:.0f} tps with pg_notify in each transaction"
+        )
+    by_mode = {run["mode"]: run["writes_per_s"] for run in report["runs"]}
+    if "buffered" in by_mode:
+        for other in ("insert_only", "per_write"):
+            if by_mode.get(other):
+                lines.append(f"buffered / {other}: {by_mode['buffered'] / by_mode[other]:.2f}x")
+    ws = report.get("ws")
+    if ws:
+        e = ws["e2e_ms"]
+        lines.append(
+            f"WebSocket: {ws['clients']} clients, {ws['delivered_per_s']:.0f} chunks/s delivered, e2e p50 {ms(e['p50'])}"
+            f" p99 {ms(e['p99'])} max {ms(e['max'])} ms, coverage {ws['coverage']:.4f}, "
+            f"server peak memory {ws['server_peak_mib']:.0f} MiB"
+        )
+    return "\n".join(lines)
+
+
+def plot(report: dict[str, Any], path: str) -> None:
+    """End-to-end latency CDF per mode, and writes/s per mode against the pgbench ceiling."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = report["runs"]
+    fig, (cdf, bars) = plt.subplots(1, 2, figsize=(12, 4.5))
+    keys = [("p50", 0.50), ("p95", 0.95), ("p99", 0.99), ("p999", 0.999), ("max", 1.0)]
+    for run in runs:
+        if run["e2e_ms"]["p50"] is None:
+            continue
+        cdf.plot([run["e2e_ms"][k] for k, _ in keys], [q for _, q in keys], marker="o", label=run["mode"])
+    cdf.set_xscale("log")
+    cdf.set_xlabel("commit to receipt (ms, log scale)")
+    cdf.set_ylabel("fraction of deliveries")
+    cdf.set_title("End-to-end latency")
+    cdf.grid(True, which="both", alpha=0.3)
+    cdf.legend()
+
+    names = [run["mode"] for run in runs]
+    bars.bar(names, [run["writes_per_s"] for run in runs], color="#4c72b0")
+    for ceiling, label, style in (
+        (report.get("pgbench_tps"), "pgbench, plain", "-"),
+        (report.get("pgbench_notify_tps"), "pgbench, pg_notify per write", "--"),
+    ):
+        if ceiling:
+            bars.axhline(ceiling, color="#c44e52", linestyle=style, label=f"{label}: {ceiling:.0f}/s")
+    bars.set_ylabel("writes/s")
+    bars.set_title(f"Writes/s, {runs[0]['writers'] if runs else 0} writers")
+    bars.legend()
+    fig.suptitle(f"pgstreams_bench on {report['machine']['cpus']} CPUs, PostgreSQL {report['machine']['postgres']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

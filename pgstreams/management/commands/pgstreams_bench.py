@@ -1,0 +1,59 @@
+"""``manage.py pgstreams_bench``: a thin wrapper over ``pgstreams.bench``."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from pgstreams.bench.run import MODES, Config, run
+from pgstreams.bench.report import plot, table
+
+
+class Command(BaseCommand):
+    help = "Measure writes/s and delivery latency per notification mode, with the pgbench ceiling."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--mode", default="all", choices=["all", *MODES])
+        parser.add_argument("--writers", type=int, default=32, help="concurrent writing connections")
+        parser.add_argument("--writer-processes", type=int, default=0, help="processes they run in (0: one per CPU)")
+        parser.add_argument("--streams-per-writer", type=int, default=1)
+        parser.add_argument("--readers", type=int, default=2, help="reader processes")
+        parser.add_argument("--fanout", type=int, default=1, help="readers of every stream in each reader process")
+        parser.add_argument("--duration", type=float, default=10.0, help="seconds of writing per mode")
+        parser.add_argument("--rate", type=float, default=None, help="writes/s in total (default: flat out)")
+        parser.add_argument("--ws", action="store_true", help="also run the WebSocket mode")
+        parser.add_argument("--clients", type=int, default=50, help="WebSocket clients in --ws mode")
+        parser.add_argument("--no-pgbench", action="store_true", help="skip the pgbench ceiling")
+        parser.add_argument("--json", dest="json_path", help="write the report as JSON here")
+        parser.add_argument("--plot", dest="plot_path", help="write the plot as PNG here")
+
+    def handle(self, *args: Any, **o: Any) -> None:
+        for name in ("writers", "readers", "fanout", "streams_per_writer", "clients"):
+            if o[name] < (0 if name == "readers" else 1):
+                raise CommandError(f"--{name.replace('_', '-')} must be at least {0 if name == 'readers' else 1}")
+        if o["duration"] <= 0 or (o["rate"] is not None and o["rate"] <= 0):
+            raise CommandError("--duration and --rate must be positive")
+        config = Config(
+            modes=MODES if o["mode"] == "all" else (o["mode"],),
+            writers=o["writers"],
+            writer_processes=o["writer_processes"],
+            streams_per_writer=o["streams_per_writer"],
+            readers=o["readers"],
+            fanout=o["fanout"],
+            duration=o["duration"],
+            rate=o["rate"],
+            ws=o["ws"],
+            clients=o["clients"],
+            pgbench=not o["no_pgbench"],
+        )
+        report = run(config, say=lambda line: self.stdout.write(line))
+        self.stdout.write(table(report))
+        if o["json_path"]:
+            with open(o["json_path"], "w") as f:
+                json.dump(report, f, indent=2)
+            self.stdout.write(f"wrote {o['json_path']}")
+        if o["plot_path"]:
+            plot(report, o["plot_path"])
+            self.stdout.write(f"wrote {o['plot_path']}")
