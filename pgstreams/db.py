@@ -13,8 +13,6 @@ from typing import Any
 import psycopg
 from django.db import connections
 
-from . import conf
-
 # Django's connection arguments that only make sense for Django's own cursors.
 _DJANGO_ONLY = ("cursor_factory", "context")
 
@@ -33,9 +31,6 @@ def connect_kwargs(alias: str, role: str) -> dict[str, Any]:
         params.pop(key, None)
     params["application_name"] = f"pgstreams {role} {os.getpid()}"
     params["autocommit"] = True
-    # These connections run only pgstreams' few statements: prepare them (psycopg's default
-    # threshold) unless PREPARED_STATEMENTS is off, e.g. behind an old PgBouncer.
-    params["prepare_threshold"] = 5 if conf.prepared_statements() else None
     return params
 
 

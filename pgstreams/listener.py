@@ -22,6 +22,7 @@ import logging
 import os
 import random
 import threading
+import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -332,7 +333,9 @@ class Listener:
                 try:
                     if conn is None or conn.closed:
                         conn = await db.aconnect(conf.database(), "fetcher")
+                    began = time.monotonic()
                     pages = await _fetch(conn, keys)
+                    self.stats["fetch_seconds"] += time.monotonic() - began
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
@@ -439,8 +442,10 @@ class Listener:
 async def _fetch(
     conn: psycopg.AsyncConnection[Any], keys: list[tuple[uuid.UUID, int]]
 ) -> dict[tuple[uuid.UUID, int], Page]:
+    # Not prepared: planned with the table's current size each time. A generic plan cached while
+    # the chunk table was small can scan all of it once it has grown.
     params = ([k[0] for k in keys], [k[1] for k in keys], PAGE_SIZE)
-    cursor = await conn.execute(FETCH_SQL, params, prepare=conf.prepared_statements())
+    cursor = await conn.execute(FETCH_SQL, params, prepare=False)
     pages: dict[tuple[uuid.UUID, int], Page] = {}
     for i, next_offset, closed, offset, data, created_at in await cursor.fetchall():
         key = keys[i - 1]

@@ -7,8 +7,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from pgstreams.bench.run import MODES, Config, run
 from pgstreams.bench.report import plot, table
+from pgstreams.bench.run import MODES, Config, run
 
 
 class Command(BaseCommand):
