@@ -469,14 +469,23 @@ def _resolve(future: concurrent.futures.Future[Page], outcome: Page | BaseExcept
 
 
 def _wake(waiters: list[tuple[asyncio.AbstractEventLoop | None, Waiter]]) -> None:
+    """Set the waiters' events: sync ones here, async ones with one call into each event loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[Waiter]] = {}
     for loop, waiter in waiters:
         if loop is None:
             waiter.set()
         else:
-            try:
-                loop.call_soon_threadsafe(waiter.set)
-            except RuntimeError:  # that reader's loop is closed
-                pass
+            by_loop.setdefault(loop, []).append(waiter)
+    for loop, events in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_set_all, events)
+        except RuntimeError:  # that reader's loop is closed
+            pass
+
+
+def _set_all(events: list[Waiter]) -> None:
+    for event in events:
+        event.set()
 
 
 async def _close_quietly(conn: psycopg.AsyncConnection[Any]) -> None:

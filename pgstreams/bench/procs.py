@@ -100,8 +100,8 @@ def writer(
             assert offset == len(commits[sid])
             commits[sid].append(t1)
             n += 1
-            if n % 256 == 0:
-                progress[slot] += 256
+            if n % 16 == 0:
+                progress[slot] += 16  # unlocked: a progress line, not a measurement
         connections.close_all()
         with lock:
             result.latencies.extend(latencies)
@@ -202,3 +202,87 @@ def _own_backends(alias: str) -> int:
         count = cursor.fetchone()[0]
     connections.close_all()
     return count
+
+
+def server(boot: Boot, port: int) -> None:
+    """The project's ASGI application (ASGI_APPLICATION) served by daphne on a loopback port."""
+    setup(boot)
+    from channels.routing import get_default_application
+    from daphne.server import Server
+
+    Server(application=get_default_application(), endpoints=[f"tcp:port={port}:interface=127.0.0.1"]).run()
+
+
+@dataclass
+class ClientResult:
+    stream: array = field(default_factory=lambda: array("i"))
+    offset: array = field(default_factory=lambda: array("q"))
+    received: array = field(default_factory=lambda: array("d"))
+    duplicates: int = 0
+    out_of_order: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+def ws_clients(base: str, stream_ids: list[str], assigned: list[int], timeout: float, ready: Any, results: Any) -> None:
+    """WebSocket clients (one per entry of ``assigned``, an index into ``stream_ids``) that ack
+    what they receive, until their stream ends."""
+    result = asyncio.run(_ws_follow_all(base, stream_ids, assigned, timeout, ready))
+    results.put(("ws", result))
+
+
+async def _ws_follow_all(
+    base: str, stream_ids: list[str], assigned: list[int], timeout: float, ready: Any
+) -> ClientResult:
+    import json
+
+    import websockets
+
+    result = ClientResult()
+    origin = base.replace("ws://", "http://")
+    opened = asyncio.Event()
+    pending = len(assigned)
+
+    async def follow(index: int) -> None:
+        nonlocal pending
+        expected = 0
+        url = f"{base}/ws/pgstreams/{stream_ids[index]}/?from=0"
+        async with websockets.connect(url, origin=origin, open_timeout=30, max_queue=None) as ws:
+            pending -= 1
+            if not pending:
+                opened.set()
+            async for raw in ws:
+                now = time.monotonic()
+                message = json.loads(raw)
+                if message["type"] == "end":
+                    return
+                if message["type"] != "chunks":
+                    result.errors.append(str(message))
+                    return
+                for item in message["items"]:
+                    if item["offset"] < expected:
+                        result.duplicates += 1
+                        continue
+                    if item["offset"] > expected:
+                        result.out_of_order += 1
+                    expected = item["offset"] + 1
+                    result.stream.append(index)
+                    result.offset.append(item["offset"])
+                    result.received.append(now)
+                try:
+                    await ws.send(json.dumps({"type": "ack", "offset": expected - 1}))
+                except websockets.ConnectionClosedOK:
+                    return
+
+    tasks = [asyncio.create_task(follow(i)) for i in assigned]
+    try:
+        await asyncio.wait_for(opened.wait(), 60)
+    finally:
+        ready.put(("ws", os.getpid()))
+    done, running = await asyncio.wait(tasks, timeout=timeout)
+    for task in running:
+        task.cancel()
+        result.errors.append("still reading when the benchmark ended")
+    for task in done:
+        if task.exception() is not None:
+            result.errors.append(repr(task.exception()))
+    return result

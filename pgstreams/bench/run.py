@@ -241,6 +241,8 @@ def summarize(
         "poll_queries_per_s": round(sum(r.polls for r in readers) / elapsed, 2),
         "poll_queries_per_s_per_process": [round(r.polls / (r.elapsed or 1.0), 2) for r in readers],
         "fetch_queries_per_s": round(sum(r.fetches for r in readers) / elapsed, 1),
-        "fetch_ms_mean": round(1000 * sum(r.fetch_seconds for r in readers) / max(1, sum(r.fetches for r in readers)), 2),
+        "fetch_ms_mean": round(
+            1000 * sum(r.fetch_seconds for r in readers) / max(1, sum(r.fetches for r in readers)), 2
+        ),
         "reader_errors": [r.error for r in readers if r.error],
     }
