@@ -254,6 +254,8 @@ async def _ws_follow_all(
                 now = time.monotonic()
                 message = json.loads(raw)
                 if message["type"] == "end":
+                    if message["next_offset"] != expected:
+                        result.errors.append(f"end at {message['next_offset']}, but received up to {expected}")
                     return
                 if message["type"] != "chunks":
                     result.errors.append(str(message))
@@ -271,7 +273,8 @@ async def _ws_follow_all(
                 try:
                     await ws.send(json.dumps({"type": "ack", "offset": expected - 1}))
                 except websockets.ConnectionClosedOK:
-                    return
+                    pass  # the server closed after its end frame, which is still to be read
+            result.errors.append(f"closed without an end frame (code {ws.close_code}) after offset {expected - 1}")
 
     tasks = [asyncio.create_task(follow(i)) for i in assigned]
     try:

@@ -52,6 +52,7 @@ def percentiles(values: Sequence[float], keys: dict[str, float], scale: float = 
 
 WRITE_KEYS = {"p50": 0.50, "p95": 0.95, "p99": 0.99, "max": 1.0}
 E2E_KEYS = {"p50": 0.50, "p95": 0.95, "p99": 0.99, "p999": 0.999, "max": 1.0}
+CDF_KEYS = {str(i): i / 100 for i in range(101)}  # for the plot: the latency at each percent
 
 
 def machine() -> dict[str, Any]:
@@ -136,8 +137,6 @@ def run_mode(config: Config, mode: str, say: Callable[[str], None] = print) -> d
     n_readers = 0 if mode == "insert_only" else config.readers
     n_procs = min(config.writers, config.writer_processes or os.cpu_count() or 1)
     streams = create_streams(config.writers * config.streams_per_writer)
-    per_thread = [streams[i :: config.writers] for i in range(config.writers)]
-    interval = config.writers / config.rate if config.rate else 0.0
 
     ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
     progress = ctx.Array("q", n_procs, lock=False)
@@ -148,58 +147,60 @@ def run_mode(config: Config, mode: str, say: Callable[[str], None] = print) -> d
             name=f"pgstreams-bench-reader-{r}",
         )
         for r in range(n_readers)
-    ] + [
+    ] + writer_processes(ctx, settings_for_children, config, streams, (go, ready, results, progress))
+    say(f"{mode}: {config.writers} writers in {n_procs} processes, {n_readers} reader processes x {config.fanout}")
+    try:
+        collected = drive(children, config, ready, results, go, progress)
+    finally:
+        cleanup()
+    writers = [r for kind, r in collected if kind == "writer"]
+    readers = [r for kind, r in collected if kind == "reader"]
+    return summarize(mode, config, streams, n_readers, writers, readers)
+
+
+def writer_processes(
+    ctx: Any, settings_for_children: procs.Boot, config: Config, streams: list[str], channels: tuple[Any, ...]
+) -> list[Any]:
+    """The writer processes: ``config.writers`` threads, one per stream group, dealt over processes."""
+    n_procs = min(config.writers, config.writer_processes or os.cpu_count() or 1)
+    per_thread = [streams[i :: config.writers] for i in range(config.writers)]
+    interval = config.writers / config.rate if config.rate else 0.0
+    go, ready, results, progress = channels
+    return [
         ctx.Process(
             target=procs.writer,
-            args=(
-                settings_for_children,
-                threads,
-                config.duration,
-                interval,
-                config.chunk_bytes,
-                go,
-                ready,
-                results,
-                progress,
-                p,
-            ),
+            args=(settings_for_children, threads, config.duration, interval, config.chunk_bytes)
+            + (go, ready, results, progress, p),
             name=f"pgstreams-bench-writer-{p}",
         )
         for p, threads in enumerate(spread(per_thread, n_procs))
     ]
+
+
+def drive(children: list[Any], config: Config, ready: Any, results: Any, go: Any, progress: Any) -> list[Any]:
+    """Start the children, wait until each is ready, release the writers together, show a
+    progress line while they write, and return one (kind, result) from each child."""
     try:
         for child in children:
             child.start()
         for _ in children:
             ready.get(timeout=120)
-        say(
-            f"{mode}: {config.writers} writers in {n_procs} processes, {n_readers} reader processes x fanout {config.fanout}"
-        )
         go.set()
         started = time.monotonic()
         while time.monotonic() - started < config.duration:
             time.sleep(1.0)
             elapsed = time.monotonic() - started
-            written = sum(progress)
-            sys.stderr.write(f"\r  {elapsed:4.0f}/{config.duration:.0f} s  {written / elapsed:9.0f} writes/s ")
+            sys.stderr.write(f"\r  {elapsed:4.0f}/{config.duration:.0f} s  {sum(progress) / elapsed:9.0f} writes/s ")
             sys.stderr.flush()
         sys.stderr.write("\n")
         collected = [results.get(timeout=config.duration + config.drain + 120) for _ in children]
         for child in children:
             child.join(30)
+        return collected
     finally:
         for child in children:
             if child.is_alive():
                 child.kill()
-        cleanup()
-    return summarize(
-        mode,
-        config,
-        streams,
-        n_readers,
-        [r for k, r in collected if k == "writer"],
-        [r for k, r in collected if k == "reader"],
-    )
 
 
 def summarize(
@@ -233,6 +234,7 @@ def summarize(
         "writes_per_s": round(written / span, 1),
         "write_ms": percentiles(latencies, WRITE_KEYS),
         "e2e_ms": percentiles(e2e, E2E_KEYS),
+        "e2e_cdf_ms": list(percentiles(e2e, CDF_KEYS).values()) if e2e else [],
         "coverage": round(len(e2e) / expected, 6) if expected else None,
         "duplicates": sum(r.duplicates for r in readers),
         "out_of_order": sum(r.out_of_order for r in readers),

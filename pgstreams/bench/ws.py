@@ -10,7 +10,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -19,7 +18,7 @@ from typing import Any
 import psutil
 
 from . import procs
-from .run import E2E_KEYS, Config, boot, cleanup, create_streams, percentiles, spread
+from .run import E2E_KEYS, Config, boot, cleanup, create_streams, drive, percentiles, spread, writer_processes
 
 
 def _free_port() -> int:
@@ -62,17 +61,13 @@ def run_ws(config: Config, say: Callable[[str], None] = print) -> dict[str, Any]
     settings_for_children = boot("buffered")
     port = _free_port()
     streams = create_streams(config.writers * config.streams_per_writer)
-    n_procs = min(config.writers, config.writer_processes or os.cpu_count() or 1)
     client_procs = min(config.clients, 4)
     assigned = [i % len(streams) for i in range(config.clients)]
-    per_thread = [streams[i :: config.writers] for i in range(config.writers)]
-    interval = config.writers / config.rate if config.rate else 0.0
+    n_procs = min(config.writers, config.writer_processes or os.cpu_count() or 1)
 
     ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
     progress = ctx.Array("q", n_procs, lock=False)
     server = ctx.Process(target=procs.server, args=(settings_for_children, port), name="pgstreams-bench-daphne")
-    server.start()
-    memory = None
     clients = [
         ctx.Process(
             target=procs.ws_clients,
@@ -81,42 +76,22 @@ def run_ws(config: Config, say: Callable[[str], None] = print) -> dict[str, Any]
         )
         for c, part in enumerate(spread(assigned, client_procs))
     ]
-    writers = [
-        ctx.Process(
-            target=procs.writer,
-            args=(settings_for_children, threads, config.duration, interval, config.chunk_bytes)
-            + (go, ready, results, progress, p),
-            name=f"pgstreams-bench-writer-{p}",
-        )
-        for p, threads in enumerate(spread(per_thread, n_procs))
-    ]
+    writers = writer_processes(ctx, settings_for_children, config, streams, (go, ready, results, progress))
+    say(f"ws: {config.clients} WebSocket clients of one daphne process, {config.writers} writers")
+    memory = None
     try:
+        server.start()
         _wait_for_port(port, server)
         memory = PeakMemory(server.pid)
         memory.start()
-        for child in clients + writers:
-            child.start()
-        for _ in clients + writers:
-            ready.get(timeout=120)
-        say(f"ws: {config.clients} WebSocket clients of one daphne process, {config.writers} writers")
-        go.set()
-        started = time.monotonic()
-        while time.monotonic() - started < config.duration:
-            time.sleep(1.0)
-            sys.stderr.write(f"\r  {time.monotonic() - started:4.0f}/{config.duration:.0f} s ")
-            sys.stderr.flush()
-        sys.stderr.write("\n")
-        collected = [results.get(timeout=config.duration + config.drain + 120) for _ in clients + writers]
-        for child in clients + writers:
-            child.join(30)
+        collected = drive(clients + writers, config, ready, results, go, progress)
     finally:
         if memory is not None:
             memory.stop.set()
         server.terminate()
         server.join(10)
-        for child in [server, *clients, *writers]:
-            if child.is_alive():
-                child.kill()
+        if server.is_alive():
+            server.kill()
         cleanup()
 
     commits: dict[str, Any] = {}
@@ -130,13 +105,14 @@ def run_ws(config: Config, say: Callable[[str], None] = print) -> dict[str, Any]
         for index, offset, t in zip(r.stream, r.offset, r.received, strict=True)
     ]
     expected = sum(len(commits[streams[i]]) for i in assigned)
-    last = max((t for r in received for t in r.received), default=started)
+    times = [t for r in received for t in r.received]
+    span = max(times) - min(times) if len(times) > 1 else 0.0
     return {
         "clients": config.clients,
         "client_processes": client_procs,
         "writers": config.writers,
         "written": sum(len(c) for c in commits.values()),
-        "delivered_per_s": round(len(e2e) / max(last - started, 1e-9), 1),
+        "delivered_per_s": round(len(e2e) / span, 1) if span else 0.0,
         "e2e_ms": percentiles(e2e, E2E_KEYS),
         "coverage": round(len(e2e) / expected, 6) if expected else None,
         "duplicates": sum(r.duplicates for r in received),
