@@ -18,6 +18,7 @@ _SETTING_IDS = {
     "DATABASE": "pgstreams.E007",
     "AUTHORIZE": "pgstreams.E008",
     "PREPARED_STATEMENTS": "pgstreams.E009",
+    "LISTEN_DATABASE": "pgstreams.E010",
 }
 
 
@@ -52,6 +53,26 @@ def check_database(app_configs: Any = None, **kwargs: Any) -> list[Any]:
                 f"pgstreams needs PostgreSQL, but database {alias!r} is {vendor}",
                 hint="Point PGSTREAMS['DATABASE'] at a PostgreSQL database (12 or newer).",
                 id="pgstreams.E001",
+            )
+        ]
+    return []
+
+
+@register()
+def check_listen_database(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """LISTEN needs a session of its own: through PgBouncer in transaction mode it goes deaf."""
+    if conf.problem("LISTEN_DATABASE") or conf.problem("DATABASE"):
+        return []
+    alias = conf.listen_database()
+    settings_dict = connections[alias].settings_dict
+    options = " ".join(str(v) for v in settings_dict.get("OPTIONS", {}).values()).lower()
+    if str(settings_dict.get("PORT") or "") == "6432" or "pgbouncer" in options:
+        return [
+            Warning(
+                f"pgstreams' listener connects through database {alias!r}, which looks like PgBouncer "
+                "(port 6432 or an option naming it); LISTEN does not work in transaction pooling mode",
+                hint="Set PGSTREAMS['LISTEN_DATABASE'] to an alias that connects to Postgres directly.",
+                id="pgstreams.W002",
             )
         ]
     return []

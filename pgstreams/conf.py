@@ -26,6 +26,7 @@ DEFAULTS: dict[str, Any] = {
     "DATABASE": "default",
     "AUTHORIZE": "pgstreams.auth.default_authorize",
     "PREPARED_STATEMENTS": True,
+    "LISTEN_DATABASE": None,
 }
 
 NOTIFY_MODES = ("buffered", "per_write", "off")
@@ -68,6 +69,10 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
         "the dotted path of a callable(user, stream) -> bool",
     ),
     "PREPARED_STATEMENTS": (lambda v: isinstance(v, bool), "True or False"),
+    "LISTEN_DATABASE": (
+        lambda v: v is None or (isinstance(v, str) and v in settings.DATABASES),
+        "None (use DATABASE) or a key of settings.DATABASES that connects to Postgres directly",
+    ),
 }
 
 
@@ -145,6 +150,11 @@ def max_chunk_bytes() -> int:
 
 def database() -> str:
     return _valid("DATABASE")
+
+
+def listen_database() -> str:
+    """The alias of the listener's LISTEN connection: LISTEN_DATABASE, else DATABASE."""
+    return _valid("LISTEN_DATABASE") or database()
 
 
 def prepared_statements() -> bool:

@@ -280,7 +280,7 @@ class Listener:
         while True:
             conn = None
             try:
-                conn = await db.aconnect(conf.database(), "listener")
+                conn = await db.aconnect(conf.listen_database(), "listener")
                 await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(conf.channel())))
                 if connected_before:
                     self.stats["reconnects"] += 1

