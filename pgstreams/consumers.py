@@ -58,7 +58,7 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
         self.unacked: deque[tuple[int, int]] = deque()  # (offset after a frame, its bytes)
         self.unacked_bytes = 0
         try:
-            self.stream_id: uuid.UUID = self.scope["url_route"]["kwargs"]["stream_id"]
+            self.stream_id = _stream_id(self.scope["url_route"]["kwargs"]["stream_id"])
             query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
             self.position = self.acked_to = parse_offset(query.get("from"), "from")
         except (ValueError, KeyError) as exc:
@@ -145,6 +145,15 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
 
 def _encode(message: dict[str, Any]) -> str:
     return json.dumps(message, ensure_ascii=False, separators=(",", ":"))
+
+
+def _stream_id(value: str | uuid.UUID) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise ValueError(f"{value[:40]!r} is not a stream id (stream ids are UUIDs)") from None
 
 
 def _frame(

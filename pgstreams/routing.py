@@ -1,9 +1,12 @@
-"""WebSocket routes, for a project's ``URLRouter``: ``ws/pgstreams/<uuid:stream_id>/``."""
+"""WebSocket routes, for a project's ``URLRouter``: ``ws/pgstreams/<stream_id>/``.
+
+The id is matched as any path segment and checked by the consumer, so a malformed one gets close
+code 4400 and a reason instead of a routing error."""
 
 from django.urls import path
 
 from .consumers import StreamConsumer
 
 websocket_urlpatterns = [
-    path("ws/pgstreams/<uuid:stream_id>/", StreamConsumer.as_asgi(), name="pgstreams-ws"),
+    path("ws/pgstreams/<str:stream_id>/", StreamConsumer.as_asgi(), name="pgstreams-ws"),
 ]

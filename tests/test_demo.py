@@ -7,61 +7,16 @@ import asyncio
 import json
 import os
 import shutil
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
 
 import pytest
 import websockets
 
 import pgstreams
 from demo_project.chat import llm
-from tests.conftest import ROOT, subprocess_database_url
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess]
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@pytest.fixture
-def demo_server() -> Iterator[str]:
-    """``manage.py demo`` on a free loopback port, against the test database."""
-    port = free_port()
-    env = {**os.environ, "DATABASE_URL": subprocess_database_url(), "CHAT_TOKENS_PER_SECOND": "30"}
-    proc = subprocess.Popen(
-        [sys.executable, "manage.py", "demo", "--addrport", f"127.0.0.1:{port}"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        assert "pgstreams demo on http://127.0.0.1" in proc.stdout.readline()
-        deadline = time.monotonic() + 20
-        while True:  # bounded: until daphne accepts connections
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline and proc.poll() is None, "the demo did not start"
-                time.sleep(0.1)
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
 
 
 async def follow(host: str, stream_id, from_offset: int = 0) -> tuple[list[tuple[int, str]], int]:

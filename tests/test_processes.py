@@ -16,7 +16,7 @@ from django.test import override_settings
 import pgstreams
 from pgstreams import listener
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess, pytest.mark.faults]
 
 
 class Reader(threading.Thread):
@@ -107,16 +107,16 @@ def _wait_for(predicate, timeout: float = 10.0) -> float:
 
 
 @pytest.mark.usefixtures("fresh_listener")
-def test_terminating_the_listeners_backend_loses_no_chunk(spawn) -> None:
+def test_terminating_the_listeners_backend_ten_times_loses_no_chunk(spawn) -> None:
     s = pgstreams.create_stream()
     readers = [Reader(s.id) for _ in range(3)]
     for r in readers:
         r.start()
     hub = listener.get_listener()
     _wait_for(hub.listening.is_set)
-    proc = spawn("steady", "--stream", str(s.id), "--count", "400", "--pause", "0.004")
+    proc = spawn("steady", "--stream", str(s.id), "--count", "800", "--pause", "0.004")
     reconnect_times = []
-    for _ in range(5):
+    for _ in range(10):
         old = _listener_backend()
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_terminate_backend(%s)", [old])
@@ -127,7 +127,7 @@ def test_terminating_the_listeners_backend_loses_no_chunk(spawn) -> None:
     for r in readers:
         r.join(30)
         assert r.error is None
-        assert r.got == [(i, f"s{i}") for i in range(400)]
-    assert hub.stats["reconnects"] >= 5
+        assert r.got == [(i, f"s{i}") for i in range(800)]
+    assert hub.stats["reconnects"] >= 10
     assert max(reconnect_times) < 5
     print(f"listener reconnect times: {', '.join(f'{t * 1000:.0f} ms' for t in reconnect_times)}")

@@ -84,6 +84,12 @@ async def test_bad_offsets_close_with_4400(query: str) -> None:
     assert frames[0]["type"] == "error" and frames[0]["code"] == 4400 and frames[0]["message"]
 
 
+@pytest.mark.parametrize("bad", ["not-a-uuid", "1234", "%00", "0" * 40])
+async def test_malformed_stream_ids_close_with_4400(bad: str) -> None:
+    frames, code = await receive_all(await connect(bad))
+    assert code == 4400 and "not a stream id" in frames[0]["message"]
+
+
 async def test_unknown_stream_closes_with_4404() -> None:
     frames, code = await receive_all(await connect(uuid.uuid4()))
     assert code == 4404 and "no stream" in frames[0]["message"]
@@ -186,3 +192,19 @@ async def test_a_client_silent_with_a_full_window_is_closed_with_4408(monkeypatc
     frames, code = await receive_all(await connect(s.id))
     assert len(offsets(frames)) == 10
     assert code == 4408 and "?from=0" in frames[-1]["message"]
+
+
+async def test_rights_revoked_mid_stream_hold_until_the_reader_reconnects(settings) -> None:
+    """Authorization is checked when a reader connects: revoking it does not cut an open socket,
+    and the next connection is refused."""
+    alice = await make_user("alice")
+    s = await pgstreams.acreate_stream(owner=alice)
+    await pgstreams.awrite(s.id, "before")
+    ws = await connect(s.id, user=alice)
+    assert offsets([await ws.receive_json_from(5)]) == [(0, "before")]
+    settings.PGSTREAMS = {"AUTHORIZE": "tests.test_websocket.nobody_may_read"}
+    await pgstreams.awrite(s.id, "after")
+    assert offsets([await ws.receive_json_from(5)]) == [(1, "after")]
+    await ws.disconnect()
+    frames, code = await receive_all(await connect(s.id, "from=2", user=alice))
+    assert code == 4403

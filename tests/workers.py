@@ -11,7 +11,10 @@ their notifications still in its buffer until it is killed.
 normally, leaving the final flush at exit to announce the last writes.
 
 ``python -m tests.workers steady --stream ID --count 300 --pause 0.005``: writes at a steady pace,
-then closes the stream.
+then closes the stream and prints its flusher's stats as JSON.
+
+``python -m tests.workers retrying --stream ID --count 300 --pause 0.01``: the same, retrying each
+write that fails (through a server restart), printing each error as a JSON line.
 """
 
 from __future__ import annotations
@@ -83,17 +86,44 @@ def exit_after(stream: str, count: int) -> None:
 
 def steady(stream: str, count: int, pause: float) -> None:
     import pgstreams
+    from pgstreams import notify
 
     for i in range(count):
         pgstreams.write(stream, f"s{i}")
         time.sleep(pause)
     pgstreams.close(stream)
-    print("done", flush=True)
+    print(json.dumps({"done": count, "flusher": dict(notify.flusher().stats)}), flush=True)
+
+
+def retrying(stream: str, count: int, pause: float) -> None:
+    """Write through a server restart: an error is reported, the connection dropped, the same
+    chunk written again until it succeeds; prints one JSON line per error, then a summary."""
+    from django.db import Error, connections
+
+    import pgstreams
+
+    errors = []
+
+    def attempt(action, *args):
+        while True:
+            try:
+                return action(*args)
+            except Error as exc:
+                errors.append(f"{type(exc).__module__}.{type(exc).__name__}")
+                print(json.dumps({"error": errors[-1], "message": str(exc).splitlines()[0][:200]}), flush=True)
+                connections.close_all()
+                time.sleep(0.2)
+
+    for i in range(count):
+        attempt(pgstreams.write, stream, f"r{i}")
+        time.sleep(pause)
+    attempt(pgstreams.close, stream)
+    print(json.dumps({"done": count, "errors": errors}), flush=True)
 
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="tests.workers")
-    parser.add_argument("mode", choices=["threads", "hang", "exit", "steady"])
+    parser.add_argument("mode", choices=["threads", "hang", "exit", "steady", "retrying"])
     parser.add_argument("--stream", required=True)
     parser.add_argument("--threads", type=int, default=16)
     parser.add_argument("--per-thread", type=int, default=50)
@@ -113,6 +143,8 @@ def main(argv: list[str]) -> None:
         hang(args.stream, args.count)
     elif args.mode == "exit":
         exit_after(args.stream, args.count)
+    elif args.mode == "retrying":
+        retrying(args.stream, args.count, args.pause)
     else:
         steady(args.stream, args.count, args.pause)
 

