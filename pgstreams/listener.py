@@ -434,10 +434,6 @@ class Listener:
     def stopped(self) -> bool:
         return self._stopped
 
-    def followed(self) -> int:
-        """How many streams readers in this process follow."""
-        return len(self._tails)
-
 
 async def _fetch(
     conn: psycopg.AsyncConnection[Any], keys: list[tuple[uuid.UUID, int]]

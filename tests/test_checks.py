@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
@@ -54,22 +56,28 @@ def test_invalid_settings_fail_manage_py_check_and_raise_at_use() -> None:
             conf.notify_mode()
 
 
-@pytest.fixture
-def sqlite_alias():
-    """A second, SQLite, database alias for the length of a test."""
+@contextlib.contextmanager
+def extra_database(alias: str, settings_dict: dict):
+    """settings.DATABASES with one more alias, for the length of the block (never connected)."""
     from django.conf import settings
     from django.db import connections
 
     saved = connections._settings
-    databases = {**settings.DATABASES, "other": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+    databases = {**settings.DATABASES, alias: settings_dict}
     with override_settings(DATABASES=databases):
         connections._settings = connections.configure_settings(databases)
         connections.__dict__.pop("settings", None)  # a cached_property
         try:
-            yield "other"
+            yield alias
         finally:
             connections._settings = saved
             connections.__dict__.pop("settings", None)
+
+
+@pytest.fixture
+def sqlite_alias():
+    with extra_database("other", {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}) as alias:
+        yield alias
 
 
 @pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
@@ -80,21 +88,11 @@ def test_a_database_that_is_not_postgres_is_e001(sqlite_alias: str) -> None:
 
 @pytest.fixture
 def pgbouncer_alias():
-    """An alias that looks like PgBouncer (port 6432), never connected to."""
+    """An alias that looks like PgBouncer (port 6432)."""
     from django.conf import settings
-    from django.db import connections
 
-    saved = connections._settings
-    bouncer = {**settings.DATABASES["default"], "PORT": "6432", "HOST": "127.0.0.1"}
-    databases = {**settings.DATABASES, "bouncer": bouncer}
-    with override_settings(DATABASES=databases):
-        connections._settings = connections.configure_settings(databases)
-        connections.__dict__.pop("settings", None)
-        try:
-            yield "bouncer"
-        finally:
-            connections._settings = saved
-            connections.__dict__.pop("settings", None)
+    with extra_database("bouncer", {**settings.DATABASES["default"], "PORT": "6432", "HOST": "127.0.0.1"}) as alias:
+        yield alias
 
 
 @pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
