@@ -16,7 +16,7 @@ import psycopg
 from asgiref.sync import sync_to_async
 from django.db import connections, transaction
 
-from . import conf, listener, notify
+from . import conf, listener, notify, signals
 from .exceptions import ChunkTooLarge, InvalidChunk, StreamClosed, StreamNotFound
 from .models import Stream
 
@@ -225,6 +225,10 @@ def close(stream_id: Any, *, using: str | None = None) -> int:
     mode = conf.notify_mode()
     next_offset: int = _execute("close", alias, mode, {"id": sid})[0][0]
     _announce_after_commit(alias, mode, notify.Mark(sid, next_offset, True))
+    transaction.on_commit(
+        partial(signals.stream_closed.send, sender=Stream, stream_id=sid, next_offset=next_offset, using=alias),
+        using=alias,
+    )
     return next_offset
 
 

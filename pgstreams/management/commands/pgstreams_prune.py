@@ -1,0 +1,51 @@
+"""``manage.py pgstreams_prune --closed-before 7d [--batch 10000] [--dry-run]``: delete closed
+streams and their chunks in short batches; open streams are never touched."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from pgstreams import ops
+
+
+class Command(BaseCommand):
+    help = "Delete streams closed before a cutoff, with their chunks, in short batches."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--closed-before", required=True, help="an age (7d, 12h, 30m, 2w) or an ISO date")
+        parser.add_argument("--batch", type=int, default=10_000, help="chunks per transaction (default 10000)")
+        parser.add_argument("--dry-run", action="store_true", help="say what would be deleted, delete nothing")
+
+    def handle(self, *args: Any, closed_before: str, batch: int, dry_run: bool, **options: Any) -> None:
+        try:
+            cutoff = ops.parse_cutoff(closed_before)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        if batch < 1:
+            raise CommandError("--batch must be at least 1")
+        todo = ops.prunable(cutoff)
+        if not todo.streams:
+            self.stdout.write(f"nothing to delete: no stream was closed before {cutoff.isoformat()}")
+            return
+        verb = "would delete" if dry_run else "deleting"
+        self.stdout.write(
+            f"{verb} {todo.streams} stream(s) closed before {cutoff.isoformat()}, with {todo.chunks} chunk(s)"
+        )
+        if dry_run:
+            return
+        show = self.stdout.isatty() if hasattr(self.stdout, "isatty") else sys.stdout.isatty()
+
+        def progress(done: ops.Pruned) -> None:
+            if show:
+                share = done.chunks / todo.chunks if todo.chunks else done.streams / todo.streams
+                bar = "#" * int(30 * min(share, 1.0))
+                self.stdout.write(f"\r[{bar:<30}] {done.streams}/{todo.streams} streams", ending="")
+                self.stdout.flush()
+
+        done = ops.prune(cutoff, batch=batch, progress=progress)
+        if show:
+            self.stdout.write("")
+        self.stdout.write(f"deleted {done.streams} stream(s) and {done.chunks} chunk(s)")

@@ -1,0 +1,46 @@
+"""``manage.py pgstreams_stats [--json]``: streams, chunks, sizes, the notification queue, settings."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from pgstreams import ops
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+class Command(BaseCommand):
+    help = "Show streams open and closed, chunks, table sizes, the notification queue and settings."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--json", action="store_true")
+
+    def handle(self, *args: Any, json: bool, **options: Any) -> None:
+        figures = ops.stats()
+        if json:
+            self.stdout.write(_dumps(figures))
+            return
+        lines = [
+            f"database            {figures['database']}",
+            f"streams open        {figures['streams_open']}",
+            f"streams closed      {figures['streams_closed']}",
+            f"chunks              {figures['chunks']}",
+        ]
+        for table, size in figures["sizes"].items():
+            lines.append(f"{table:<20}{_size(size['table_bytes'])} table, {_size(size['index_bytes'])} indexes")
+        lines.append(f"notification queue  {figures['notification_queue_usage'] * 100:.4f}% used")
+        lines += [f"{name:<20}{value!r}" for name, value in figures["settings"].items()]
+        self.stdout.write("\n".join(lines))
+
+
+def _dumps(figures: dict[str, Any]) -> str:
+    return json.dumps(figures, indent=2, default=str)

@@ -1,0 +1,134 @@
+"""Operations on stored streams: pruning closed ones in batches, and the figures of
+``pgstreams_stats``. The management commands are thin wrappers over these functions.
+
+Pruning never touches an open stream, and each batch is one short transaction: a stream's
+``next_offset`` is its number of chunks, so batches are sized without counting rows, and a stream
+larger than a batch has its chunks deleted in offset slices before its row goes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connections, transaction
+from django.utils import timezone
+
+from . import conf
+
+_AGE = re.compile(r"(\d+)\s*([smhdw])\Z")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+def parse_cutoff(value: str, now: datetime.datetime | None = None) -> datetime.datetime:
+    """``7d``, ``12h``, ``30m``, ``2w``, ``45s`` ago, or an ISO 8601 date or datetime."""
+    now = now or timezone.now()
+    found = _AGE.match(value.strip())
+    if found:
+        return now - datetime.timedelta(**{_UNITS[found.group(2)]: int(found.group(1))})
+    try:
+        moment = datetime.datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise ValueError(f"{value!r} is neither an age like 7d, 12h, 30m, 2w nor an ISO date") from None
+    return moment if timezone.is_aware(moment) else timezone.make_aware(moment, datetime.UTC)
+
+
+@dataclass
+class Pruned:
+    streams: int = 0
+    chunks: int = 0
+
+
+def prunable(cutoff: datetime.datetime, using: str | None = None) -> Pruned:
+    """How many closed streams (and chunks) closed before ``cutoff`` would be deleted."""
+    with connections[using or conf.database()].cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*), coalesce(sum(next_offset), 0) FROM pgstreams_stream"
+            " WHERE closed_at IS NOT NULL AND closed_at < %s",
+            [cutoff],
+        )
+        streams, chunks = cursor.fetchone()
+    return Pruned(streams, int(chunks))
+
+
+def prune(
+    cutoff: datetime.datetime,
+    *,
+    batch: int = 10_000,
+    using: str | None = None,
+    progress: Callable[[Pruned], None] | None = None,
+) -> Pruned:
+    """Delete the streams closed before ``cutoff`` with their chunks, at most ``batch`` chunks
+    per transaction; open streams are never touched. Returns what was deleted."""
+    if batch < 1:
+        raise ValueError("batch must be at least 1")
+    alias = using or conf.database()
+    done = Pruned()
+    while True:
+        with connections[alias].cursor() as cursor:
+            cursor.execute(
+                "SELECT id, next_offset FROM pgstreams_stream WHERE closed_at IS NOT NULL AND closed_at < %s"
+                " ORDER BY closed_at, id LIMIT %s",
+                [cutoff, max(1, min(batch, 1000))],
+            )
+            candidates = cursor.fetchall()
+        if not candidates:
+            return done
+        group, size = [], 0
+        for stream_id, count in candidates:
+            if group and size + count > batch:
+                break
+            group.append(stream_id)
+            size += count
+        if size > batch:  # one stream larger than a batch: its chunks go in slices first
+            _delete_chunks_in_slices(alias, group[0], size, batch)
+        with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+            # Still closed (a stream is never reopened) and still old: the cascade takes its chunks.
+            cursor.execute(
+                "DELETE FROM pgstreams_stream WHERE id = ANY(%s) AND closed_at < %s RETURNING next_offset",
+                [group, cutoff],
+            )
+            deleted = cursor.fetchall()
+        done.streams += len(deleted)
+        done.chunks += sum(n for (n,) in deleted)
+        if progress:
+            progress(done)
+
+
+def _delete_chunks_in_slices(alias: str, stream_id: Any, count: int, batch: int) -> None:
+    for start in range(0, count, batch):
+        with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+            cursor.execute(
+                'DELETE FROM pgstreams_chunk WHERE stream_id = %s AND "offset" >= %s AND "offset" < %s',
+                [stream_id, start, start + batch],
+            )
+
+
+def stats(using: str | None = None) -> dict[str, Any]:
+    """Streams open and closed, chunks, table and index sizes, the notification queue, settings."""
+    alias = using or conf.database()
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FILTER (WHERE closed_at IS NULL), count(*) FILTER (WHERE closed_at IS NOT NULL),"
+            " coalesce(sum(next_offset), 0) FROM pgstreams_stream"
+        )
+        open_streams, closed_streams, chunks = cursor.fetchone()
+        sizes = {}
+        for table in ("pgstreams_stream", "pgstreams_chunk"):
+            cursor.execute("SELECT pg_table_size(%s::regclass), pg_indexes_size(%s::regclass)", [table, table])
+            table_bytes, index_bytes = cursor.fetchone()
+            sizes[table] = {"table_bytes": table_bytes, "index_bytes": index_bytes}
+        cursor.execute("SELECT pg_notification_queue_usage()")
+        queue = cursor.fetchone()[0]
+    return {
+        "database": alias,
+        "streams_open": open_streams,
+        "streams_closed": closed_streams,
+        "chunks": int(chunks),
+        "sizes": sizes,
+        "notification_queue_usage": queue,
+        "settings": {name: conf.get(name) for name in conf.DEFAULTS},
+    }

@@ -1,0 +1,180 @@
+"""The operations commands on real data (tail, prune, stats) and the stream_closed signal."""
+
+from __future__ import annotations
+
+import datetime
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import transaction
+from django.utils import timezone
+
+import pgstreams
+from pgstreams import ops
+from pgstreams.models import Chunk, Stream
+from pgstreams.signals import stream_closed
+from tests.conftest import ROOT, subprocess_database_url
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def run(*args: str) -> str:
+    out = io.StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue()
+
+
+def closed_stream(chunks: int, closed_days_ago: float) -> Stream:
+    s = pgstreams.create_stream()
+    if chunks:
+        pgstreams.write_many(s.id, [f"c{i}" for i in range(chunks)])
+    pgstreams.close(s.id)
+    Stream.objects.filter(pk=s.pk).update(closed_at=timezone.now() - datetime.timedelta(days=closed_days_ago))
+    return s
+
+
+def test_tail_prints_until_the_end_and_resumes() -> None:
+    s = pgstreams.create_stream()
+    pgstreams.write_many(s.id, ["Hello", ", ", "world"])
+    pgstreams.close(s.id)
+    assert run("pgstreams_tail", str(s.id)) == "Hello, world\n"
+    lines = [json.loads(line) for line in run("pgstreams_tail", str(s.id), "--from", "1", "--json").splitlines()]
+    assert [(x["offset"], x["data"]) for x in lines] == [(1, ", "), (2, "world")]
+    with pytest.raises(CommandError, match="not a stream id"):
+        run("pgstreams_tail", "nope")
+
+
+def test_tail_follows_live_writes() -> None:
+    s = pgstreams.create_stream()
+    out = io.StringIO()
+    tail = threading.Thread(target=call_command, args=("pgstreams_tail", str(s.id)), kwargs={"stdout": out})
+    tail.start()
+    for word in ("a", "b", "c"):
+        pgstreams.write(s.id, word)
+        time.sleep(0.05)
+    pgstreams.close(s.id)
+    tail.join(10)
+    assert not tail.is_alive() and out.getvalue() == "abc\n"
+
+
+@pytest.mark.multiprocess
+def test_ctrl_c_stops_tail_quietly() -> None:
+    s = pgstreams.create_stream()
+    pgstreams.write(s.id, "first")
+    env = {**os.environ, "DATABASE_URL": subprocess_database_url()}
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "pgstreams_tail", str(s.id)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.read(5) == "first"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0 and "Traceback" not in err
+
+
+def test_parse_cutoff() -> None:
+    now = timezone.now()
+    assert ops.parse_cutoff("7d", now) == now - datetime.timedelta(days=7)
+    assert ops.parse_cutoff("12h", now) == now - datetime.timedelta(hours=12)
+    assert ops.parse_cutoff("2026-01-02").isoformat() == "2026-01-02T00:00:00+00:00"
+    with pytest.raises(ValueError, match="neither an age"):
+        ops.parse_cutoff("soon")
+
+
+def test_prune_deletes_old_closed_streams_in_batches_and_never_open_ones() -> None:
+    old_small = [closed_stream(3, 10) for _ in range(5)]
+    old_big = closed_stream(25, 9)  # larger than a batch: deleted in slices
+    recent = closed_stream(4, 1)
+    still_open = pgstreams.create_stream()
+    pgstreams.write_many(still_open.id, ["x"] * 6)
+    Stream.objects.filter(pk=still_open.pk).update(created_at=timezone.now() - datetime.timedelta(days=30))
+
+    out = run("pgstreams_prune", "--closed-before", "7d", "--dry-run")
+    assert "would delete 6 stream(s)" in out and "with 40 chunk(s)" in out
+    assert Stream.objects.count() == 8
+
+    seen: list[ops.Pruned] = []
+    done = ops.prune(ops.parse_cutoff("7d"), batch=10, progress=lambda p: seen.append(ops.Pruned(p.streams, p.chunks)))
+    assert (done.streams, done.chunks) == (6, 40)
+    assert len(seen) >= 3  # several short transactions, not one
+    left = set(Stream.objects.values_list("pk", flat=True))
+    assert left == {recent.pk, still_open.pk}
+    assert not Chunk.objects.filter(stream_id__in=[s.pk for s in [*old_small, old_big]]).exists()
+    assert Chunk.objects.filter(stream_id=still_open.pk).count() == 6
+    assert "nothing to delete" in run("pgstreams_prune", "--closed-before", "7d")
+    with pytest.raises(CommandError):
+        run("pgstreams_prune", "--closed-before", "later")
+
+
+def test_prune_while_a_writer_writes() -> None:
+    for _ in range(20):
+        closed_stream(50, 10)
+    live = pgstreams.create_stream()
+    stop = threading.Event()
+    written: list[int] = []
+
+    def write() -> None:
+        while not stop.is_set():
+            written.append(pgstreams.write(live.id, "w"))
+        from django.db import connection
+
+        connection.close()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        done = ops.prune(ops.parse_cutoff("7d"), batch=100)
+    finally:
+        stop.set()
+        writer.join(10)
+    assert (done.streams, done.chunks) == (20, 1000)
+    assert written == list(range(len(written))) and len(written) > 0
+    assert Chunk.objects.filter(stream_id=live.pk).count() == len(written)
+
+
+def test_stats() -> None:
+    closed_stream(3, 1)
+    s = pgstreams.create_stream()
+    pgstreams.write(s.id, "x")
+    figures = json.loads(run("pgstreams_stats", "--json"))
+    assert (figures["streams_open"], figures["streams_closed"], figures["chunks"]) == (1, 1, 4)
+    assert figures["sizes"]["pgstreams_chunk"]["table_bytes"] > 0
+    assert 0 <= figures["notification_queue_usage"] < 1
+    assert figures["settings"]["NOTIFY_MODE"] == "buffered"
+    assert "streams open        1" in run("pgstreams_stats")
+
+
+def test_stream_closed_is_sent_after_commit_only() -> None:
+    received = []
+
+    def receiver(sender, **kwargs):
+        received.append((sender, kwargs["stream_id"], kwargs["next_offset"], kwargs["using"]))
+
+    stream_closed.connect(receiver)
+    try:
+        s = pgstreams.create_stream()
+        pgstreams.write(s.id, "x")
+        with pytest.raises(RuntimeError), transaction.atomic():
+            pgstreams.close(s.id)
+            assert received == []  # not before commit
+            raise RuntimeError
+        assert received == []  # never for a rollback
+        with transaction.atomic():
+            pgstreams.close(s.id)
+            assert received == []
+        assert received == [(Stream, s.id, 1, "default")]
+    finally:
+        stream_closed.disconnect(receiver)
