@@ -1,0 +1,92 @@
+"""The admin: staff only, a changelist whose query count does not grow with the streams, the
+stream page's text, chunk pages and live tail, and the close and delete actions."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+from django.urls import reverse
+
+import pgstreams
+from pgstreams.models import Chunk, Stream
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def staff() -> Client:
+    user = get_user_model().objects.create_superuser("root", password="pw")
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_only_staff_see_streams() -> None:
+    s = pgstreams.create_stream(label="secret")
+    anonymous = Client()
+    response = anonymous.get(reverse("admin:pgstreams_stream_changelist"))
+    assert response.status_code == 302 and "/admin/login/" in response["Location"]
+    user = get_user_model().objects.create_user("plain", password="pw")
+    client = Client()
+    client.force_login(user)
+    assert client.get(reverse("admin:pgstreams_stream_change", args=[s.pk])).status_code == 302
+
+
+def test_chunks_are_not_in_the_admin(staff: Client) -> None:
+    index = staff.get("/admin/").content.decode()
+    assert "/admin/pgstreams/stream/" in index and "/admin/pgstreams/chunk/" not in index
+    assert staff.get("/admin/pgstreams/stream/add/").status_code == 403
+
+
+def test_changelist_queries_do_not_grow_with_streams_or_chunks(staff: Client, django_assert_max_num_queries) -> None:
+    url = reverse("admin:pgstreams_stream_changelist")
+    for _ in range(3):
+        pgstreams.write_many(pgstreams.create_stream().id, ["x"] * 5)
+    with django_assert_max_num_queries(8) as few:
+        assert staff.get(url).status_code == 200
+    for _ in range(40):
+        s = pgstreams.create_stream(label="many")
+        pgstreams.write_many(s.id, ["y"] * 20)
+    pgstreams.close(s.id)
+    with django_assert_max_num_queries(len(few.captured_queries)):
+        response = staff.get(url)
+    body = response.content.decode()
+    assert response.status_code == 200 and "many" in body
+    for query in few.captured_queries:
+        assert "count(*)" not in query["sql"].lower() or "pgstreams_chunk" not in query["sql"]
+    assert staff.get(url + "?state=closed").content.decode().count("closed") >= 1
+    assert staff.get(url + f"?q={s.pk}").status_code == 200
+
+
+def test_stream_page_text_chunk_pages_and_live_tail(staff: Client) -> None:
+    s = pgstreams.create_stream(label="answer", metadata={"model": "fake"})
+    pgstreams.write_many(s.id, [f"w{i} " for i in range(120)])
+    url = reverse("admin:pgstreams_stream_change", args=[s.pk])
+    body = staff.get(url).content.decode()
+    assert "w0 w1 w2" in body and "w119" in body  # the text
+    assert "page 1 of 3" in body and "<td>49</td>" in body and "<td>50</td>" not in body
+    assert "pgstreams.js" in body and f"/ws/pgstreams/{s.pk}/" in body  # open: a live tail
+    page3 = staff.get(url + "?chunks_page=3").content.decode()
+    assert "<td>119</td>" in page3 and "<td>99</td>" not in page3
+    assert staff.get(url + "?chunks_page=nonsense").status_code == 200
+    pgstreams.close(s.id)
+    assert "pgstreams.js" not in staff.get(url).content.decode()  # closed: no tail
+
+
+def test_long_text_is_cut_at_64_kib_with_a_note(staff: Client) -> None:
+    s = pgstreams.create_stream()
+    pgstreams.write_many(s.id, ["a" * 1000] * 70)
+    body = staff.get(reverse("admin:pgstreams_stream_change", args=[s.pk])).content.decode()
+    assert "Cut at the first 64 KiB" in body
+    assert body.count("a" * 1000) < 70
+
+
+def test_close_and_delete_actions(staff: Client) -> None:
+    a, b = pgstreams.create_stream(), pgstreams.create_stream()
+    pgstreams.write_many(b.id, ["x"] * 3)
+    url = reverse("admin:pgstreams_stream_changelist")
+    staff.post(url, {"action": "close_streams", "_selected_action": [str(a.pk), str(b.pk)]})
+    assert Stream.objects.filter(closed_at__isnull=True).count() == 0
+    staff.post(url, {"action": "delete_selected", "_selected_action": [str(b.pk)], "post": "yes"})
+    assert not Stream.objects.filter(pk=b.pk).exists() and not Chunk.objects.filter(stream_id=b.pk).exists()
