@@ -105,6 +105,8 @@ class StreamAdmin(admin.ModelAdmin):
             "chunks_next": page + 1 if page < pages else None,
             "live_tail": stream.closed_at is None,
             "stream": stream,
+            "show_save": False,  # every field is read-only
+            "show_save_and_continue": False,
         }
 
 

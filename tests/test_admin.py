@@ -70,6 +70,7 @@ def test_stream_page_text_chunk_pages_and_live_tail(staff: Client) -> None:
     page3 = staff.get(url + "?chunks_page=3").content.decode()
     assert "<td>119</td>" in page3 and "<td>99</td>" not in page3
     assert staff.get(url + "?chunks_page=nonsense").status_code == 200
+    assert 'name="_save"' not in body  # nothing to save: every field is read-only
     pgstreams.close(s.id)
     assert "pgstreams.js" not in staff.get(url).content.decode()  # closed: no tail
 
