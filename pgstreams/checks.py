@@ -76,3 +76,47 @@ def check_listen_database(app_configs: Any = None, **kwargs: Any) -> list[Any]:
             )
         ]
     return []
+
+
+@register()
+def check_websocket_routing(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """With channels installed, ASGI_APPLICATION should route a WebSocket path to StreamConsumer."""
+    from django.apps import apps
+    from django.conf import settings
+
+    path = getattr(settings, "ASGI_APPLICATION", None)
+    if not apps.is_installed("channels") or not path:
+        return []
+    from django.utils.module_loading import import_string
+
+    from .consumers import StreamConsumer
+
+    try:
+        application = import_string(path)
+    except ImportError as exc:
+        return [Warning(f"ASGI_APPLICATION {path!r} cannot be imported: {exc}", id="pgstreams.W003")]
+    if _routes_to(application, StreamConsumer, depth=0):
+        return []
+    return [
+        Warning(
+            f"channels is installed, but no WebSocket route of ASGI_APPLICATION ({path}) leads to "
+            "pgstreams' StreamConsumer: browsers cannot follow streams",
+            hint="Add pgstreams.routing.websocket_urlpatterns to the URLRouter of the 'websocket' protocol.",
+            id="pgstreams.W003",
+        )
+    ]
+
+
+def _routes_to(app: Any, consumer: type, depth: int) -> bool:
+    """Walk routers and middleware (their usual attributes) looking for ``consumer``."""
+    if depth > 20 or app is None:
+        return False
+    if getattr(app, "consumer_class", None) is consumer:
+        return True
+    for route in getattr(app, "routes", None) or []:  # URLRouter
+        if _routes_to(getattr(route, "callback", None), consumer, depth + 1):
+            return True
+    mapping = getattr(app, "application_mapping", None)  # ProtocolTypeRouter
+    if mapping:
+        return _routes_to(mapping.get("websocket"), consumer, depth + 1)
+    return any(_routes_to(getattr(app, name, None), consumer, depth + 1) for name in ("inner", "application", "app"))

@@ -103,3 +103,23 @@ def test_a_listener_behind_pgbouncer_is_w002_and_listen_database_fixes_it(pgboun
     with override_settings(PGSTREAMS={"DATABASE": pgbouncer_alias, "LISTEN_DATABASE": "default"}):
         assert checks.check_listen_database() == []
         assert conf.listen_database() == "default"
+
+
+def test_the_demo_routes_websockets_to_the_consumer() -> None:
+    assert checks.check_websocket_routing() == []
+
+
+def test_an_asgi_application_without_the_consumer_is_w003() -> None:
+    with override_settings(ASGI_APPLICATION="tests.test_checks.http_only_application"):
+        found = checks.check_websocket_routing()
+    assert [m.id for m in found] == ["pgstreams.W003"] and "URLRouter" in found[0].hint
+
+
+def _make_http_only_application():
+    from channels.routing import ProtocolTypeRouter, URLRouter
+    from django.core.asgi import get_asgi_application
+
+    return ProtocolTypeRouter({"http": get_asgi_application(), "websocket": URLRouter([])})
+
+
+http_only_application = _make_http_only_application()
