@@ -19,6 +19,7 @@ _SETTING_IDS = {
     "AUTHORIZE": "pgstreams.E008",
     "PREPARED_STATEMENTS": "pgstreams.E009",
     "LISTEN_DATABASE": "pgstreams.E010",
+    "METRICS_TOKEN": "pgstreams.E011",
 }
 
 

@@ -27,6 +27,7 @@ DEFAULTS: dict[str, Any] = {
     "AUTHORIZE": "pgstreams.auth.default_authorize",
     "PREPARED_STATEMENTS": True,
     "LISTEN_DATABASE": None,
+    "METRICS_TOKEN": None,
 }
 
 NOTIFY_MODES = ("buffered", "per_write", "off")
@@ -72,6 +73,10 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "LISTEN_DATABASE": (
         lambda v: v is None or (isinstance(v, str) and v in settings.DATABASES),
         "None (use DATABASE) or a key of settings.DATABASES that connects to Postgres directly",
+    ),
+    "METRICS_TOKEN": (
+        lambda v: v is None or (isinstance(v, str) and len(v) >= 16),
+        "None or a secret of 16 characters or more",
     ),
 }
 
@@ -155,6 +160,10 @@ def database() -> str:
 def listen_database() -> str:
     """The alias of the listener's LISTEN connection: LISTEN_DATABASE, else DATABASE."""
     return _valid("LISTEN_DATABASE") or database()
+
+
+def metrics_token() -> str | None:
+    return _valid("METRICS_TOKEN")
 
 
 def prepared_statements() -> bool:

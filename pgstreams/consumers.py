@@ -23,6 +23,7 @@ from urllib.parse import parse_qs
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.core.exceptions import PermissionDenied
 
+from . import metrics
 from .auth import readable_stream
 from .exceptions import StreamError, StreamNotFound
 from .listener import StreamChunk
@@ -72,10 +73,12 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
         if self.position > stream.next_offset:
             return await self.refuse(BAD_REQUEST, past_end(self.position, stream))
         self.pump = asyncio.create_task(self.send_chunks(), name=f"pgstreams-ws-{self.stream_id}")
+        metrics.websocket_clients.inc()
 
     async def disconnect(self, code: int) -> None:
         if self.pump is not None:
             self.pump.cancel()
+            metrics.websocket_clients.dec()
 
     async def refuse(self, code: int, message: str) -> None:
         await self.send_json({"type": "error", "code": code, "message": message})
@@ -88,7 +91,7 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
             async for batch in aread_batches(self.stream_id, from_offset=self.position):
                 while batch:
                     await self.window_open()
-                    items, size, batch = _frame(
+                    items, size, rest = _frame(
                         batch,
                         max_items=WINDOW_CHUNKS - (self.position - self.acked_to),
                         max_bytes=min(FRAME_BYTES, WINDOW_BYTES - self.unacked_bytes),
@@ -96,6 +99,8 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
                     await self.send(
                         text_data=_encode({"type": "chunks", "stream": str(self.stream_id), "items": items})
                     )
+                    metrics.observe_delivery(batch[: len(items)])
+                    batch = rest
                     self.position = items[-1]["offset"] + 1
                     self.unacked.append((self.position, size))
                     self.unacked_bytes += size

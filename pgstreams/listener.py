@@ -507,6 +507,11 @@ def get_listener() -> Listener:
     return current
 
 
+def current_listener() -> Listener | None:
+    """This process's listener if it runs, without starting one."""
+    return _listener
+
+
 def announce_local(mark: notify.Mark) -> None:
     """Wake this process's readers of a stream that a commit here just advanced."""
     current = _listener

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 import psycopg
 
-from . import conf, db
+from . import conf, db, metrics
 
 logger = logging.getLogger("pgstreams.notify")
 
@@ -137,6 +137,7 @@ class Flusher:
         if not batch:
             return 0.0
         payloads = pack(batch.values())
+        started = time.monotonic()
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = db.connect(conf.database(), "flusher")
@@ -155,6 +156,8 @@ class Flusher:
             self._close()
             return self._backoff.next()
         self._backoff.reset()
+        metrics.flush_seconds.observe(time.monotonic() - started)
+        metrics.flush_batch.observe(len(batch))
         self.stats["flushes"] += 1
         self.stats["notified"] += len(batch)
         self.stats["payloads"] += len(payloads)
@@ -193,6 +196,11 @@ def flusher() -> Flusher:
         with _flusher_lock:
             if _flusher is None:
                 _flusher = Flusher()
+    return _flusher
+
+
+def current_flusher() -> Flusher | None:
+    """This process's flusher if it was started, without starting one."""
     return _flusher
 
 

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import Any
 
+from . import metrics
 from .exceptions import ReadTimeout, StreamError, StreamNotFound
 from .listener import END, Page, StreamChunk, get_listener
 from .writer import stream_uuid
@@ -91,6 +92,7 @@ def _read(sid: uuid.UUID, pos: int, timeout: float | None) -> Iterator[StreamChu
 def _read_batches(sid: uuid.UUID, pos: int, timeout: float | None) -> Iterator[list[StreamChunk]]:
     listener = get_listener()
     tail = listener.attach(sid)
+    metrics.readers.inc()
     deadline = _Deadline(timeout)
     try:
         while True:
@@ -115,6 +117,7 @@ def _read_batches(sid: uuid.UUID, pos: int, timeout: float | None) -> Iterator[l
                 deadline.renew()
     finally:
         listener.detach(tail)
+        metrics.readers.dec()
 
 
 async def aread(stream_id: Any, *, from_offset: int = 0, timeout: float | None = None) -> AsyncIterator[StreamChunk]:
@@ -138,6 +141,7 @@ async def aread_batches(
     loop = asyncio.get_running_loop()
     listener = get_listener()
     tail = listener.attach(sid)
+    metrics.readers.inc()
     deadline = _Deadline(timeout)
     try:
         while True:
@@ -165,3 +169,4 @@ async def aread_batches(
                 deadline.renew()
     finally:
         listener.detach(tail)
+        metrics.readers.dec()

@@ -8,4 +8,5 @@ app_name = "pgstreams"
 
 urlpatterns = [
     path("streams/<uuid:stream_id>/events", views.events, name="events"),
+    path("metrics/", views.metrics_view, name="metrics"),
 ]

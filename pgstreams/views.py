@@ -1,15 +1,19 @@
 """HTTP views: ``events`` serves a stream as Server-Sent Events, for clients and proxies without
-WebSocket. No SQL of its own beyond the authorization lookup; chunks come from the listener."""
+WebSocket (no SQL of its own beyond the authorization lookup; chunks come from the listener), and
+``metrics_view`` this process's Prometheus metrics."""
 
 from __future__ import annotations
 
+import hmac
 import json
 import uuid
 from collections.abc import AsyncIterator
 
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, StreamingHttpResponse
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
+from . import conf, metrics
 from .auth import readable_stream
 from .exceptions import ReadTimeout, StreamNotFound
 from .protocol import parse_offset, past_end
@@ -22,6 +26,20 @@ KEEPALIVE = 15.0
 # client that stops reading can hold in the server's send buffers.
 RESPONSE_BYTES = 1 << 20
 RETRY_MS = 1000
+
+
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    """``GET metrics/``: this process's Prometheus metrics, for staff or ``Authorization: Bearer
+    <PGSTREAMS['METRICS_TOKEN']>``."""
+    token = conf.metrics_token()
+    offered = request.headers.get("Authorization", "")
+    if not (request.user.is_authenticated and request.user.is_staff) and not (
+        token and hmac.compare_digest(offered.encode(), f"Bearer {token}".encode())
+    ):
+        response = HttpResponse("metrics are for staff, or for a bearer of METRICS_TOKEN\n", status=401)
+        response["WWW-Authenticate"] = 'Bearer realm="pgstreams metrics"'
+        return response
+    return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)
 
 
 async def events(request: HttpRequest, stream_id: uuid.UUID) -> HttpResponse:
@@ -52,6 +70,15 @@ async def events(request: HttpRequest, stream_id: uuid.UUID) -> HttpResponse:
 
 
 async def _event_stream(stream_id: uuid.UUID, position: int) -> AsyncIterator[bytes]:
+    metrics.sse_clients.inc()
+    try:
+        async for part in _events(stream_id, position):
+            yield part
+    finally:
+        metrics.sse_clients.dec()
+
+
+async def _events(stream_id: uuid.UUID, position: int) -> AsyncIterator[bytes]:
     yield f"retry: {RETRY_MS}\n\n".encode()
     sent = 0
     while True:
@@ -65,6 +92,7 @@ async def _event_stream(stream_id: uuid.UUID, position: int) -> AsyncIterator[by
                     if sent + len(payload) >= RESPONSE_BYTES:
                         break
                 yield bytes(payload)
+                metrics.observe_delivery([c for c in batch if c.offset < position])
                 sent += len(payload)
                 if sent >= RESPONSE_BYTES:
                     return  # the client resumes from Last-Event-ID

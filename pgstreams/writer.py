@@ -16,7 +16,7 @@ import psycopg
 from asgiref.sync import sync_to_async
 from django.db import connections, transaction
 
-from . import conf, listener, notify, signals
+from . import conf, listener, metrics, notify, signals
 from .exceptions import ChunkTooLarge, InvalidChunk, StreamClosed, StreamNotFound
 from .models import Stream
 
@@ -142,15 +142,17 @@ def _cursor(alias: str) -> Any:
     return wrapper.make_debug_cursor(raw) if wrapper.queries_logged else wrapper.make_cursor(raw)
 
 
-def _announce_after_commit(alias: str, mode: str, mark: notify.Mark) -> None:
-    if mode != "off":
-        transaction.on_commit(partial(_announce, mode, mark), using=alias)
+def _after_commit(alias: str, mode: str, mark: notify.Mark, written: int) -> None:
+    transaction.on_commit(partial(_committed, mode, mark, written), using=alias)
 
 
-def _announce(mode: str, mark: notify.Mark) -> None:
+def _committed(mode: str, mark: notify.Mark, written: int) -> None:
+    """After commit: count the chunks, then announce them as NOTIFY_MODE says."""
+    metrics.chunks_written.inc(written)
     if mode == "buffered":
         notify.flusher().add(mark)
-    listener.announce_local(mark)
+    if mode != "off":
+        listener.announce_local(mark)
 
 
 def create_stream(
@@ -188,7 +190,7 @@ def write(stream_id: Any, data: str, *, using: str | None = None) -> int:
     alias = using or conf.database()
     mode = conf.notify_mode()
     offset: int = _execute("write", alias, mode, {"id": sid, "data": data})[0][0]
-    _announce_after_commit(alias, mode, notify.Mark(sid, offset + 1, False))
+    _after_commit(alias, mode, notify.Mark(sid, offset + 1, False), 1)
     return offset
 
 
@@ -210,7 +212,7 @@ def write_many(stream_id: Any, items: list[str], *, using: str | None = None) ->
     mode = conf.notify_mode()
     rows = _execute("write_many", alias, mode, {"id": sid, "n": len(items), "items": items})
     offsets = sorted(row[0] for row in rows)
-    _announce_after_commit(alias, mode, notify.Mark(sid, offsets[-1] + 1, False))
+    _after_commit(alias, mode, notify.Mark(sid, offsets[-1] + 1, False), len(offsets))
     return offsets
 
 
@@ -224,7 +226,7 @@ def close(stream_id: Any, *, using: str | None = None) -> int:
     alias = using or conf.database()
     mode = conf.notify_mode()
     next_offset: int = _execute("close", alias, mode, {"id": sid})[0][0]
-    _announce_after_commit(alias, mode, notify.Mark(sid, next_offset, True))
+    _after_commit(alias, mode, notify.Mark(sid, next_offset, True), 0)
     transaction.on_commit(
         partial(signals.stream_closed.send, sender=Stream, stream_id=sid, next_offset=next_offset, using=alias),
         using=alias,

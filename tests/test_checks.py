@@ -41,6 +41,7 @@ def test_defaults_pass() -> None:
         ({"AUTHORIZE": "pgstreams.conf.DEFAULTS"}, "pgstreams.E008"),
         ({"PREPARED_STATEMENTS": "yes"}, "pgstreams.E009"),
         ({"LISTEN_DATABASE": "nowhere"}, "pgstreams.E010"),
+        ({"METRICS_TOKEN": "short"}, "pgstreams.E011"),
         ({"NOTIFY_MDOE": "off"}, "pgstreams.W001"),
     ],
 )
