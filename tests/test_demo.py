@@ -101,3 +101,53 @@ def test_the_chat_page_streams_an_answer_that_survives_a_reload(demo_server: str
             assert page.inner_text("#status") == f"done · {len(llm.answer(prompt))} tokens"
         finally:
             browser.close()
+
+
+def test_the_admin_stream_page_tails_an_open_stream(demo_server: str) -> None:
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"Chromium is not installed at {CHROMIUM} (apt-get install -y chromium)")
+    import threading
+
+    from django.contrib.auth import get_user_model
+    from playwright.sync_api import sync_playwright
+
+    def in_thread(function, *args):  # Playwright's sync API runs an event loop in this thread
+        done = []
+        worker = threading.Thread(target=lambda: done.append(function(*args)))
+        worker.start()
+        worker.join(30)
+        return done[0] if done else None
+
+    in_thread(lambda: get_user_model().objects.create_superuser("boss", password="boss-password"))
+    stream = in_thread(lambda: pgstreams.create_stream(label="tail me"))
+    in_thread(pgstreams.write_many, stream.id, ["before "])
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+            ],
+        )
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(20_000)
+            page.goto(f"http://{demo_server}/admin/login/")
+            page.fill("#id_username", "boss")
+            page.fill("#id_password", "boss-password")
+            page.click("input[type=submit]")
+            page.goto(f"http://{demo_server}/admin/pgstreams/stream/{stream.id}/change/")
+            assert page.inner_text("#pgstreams-text") == "before "
+            page.wait_for_function("document.getElementById('pgstreams-tail-status').textContent.includes('live')")
+            for word in ("live ", "tail"):
+                in_thread(pgstreams.write, stream.id, word)
+            page.wait_for_function("document.getElementById('pgstreams-tail').textContent === 'live tail'")
+            in_thread(pgstreams.close, stream.id)
+            page.wait_for_function("document.getElementById('pgstreams-tail-status').textContent.includes('closed')")
+        finally:
+            browser.close()
