@@ -13,6 +13,7 @@ for ``ACK_TIMEOUT`` seconds with its window full, it is closed with 4408 and may
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import uuid
@@ -88,22 +89,23 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
 
     async def send_chunks(self) -> None:
         try:
-            async for batch in aread_batches(self.stream_id, from_offset=self.position):
-                while batch:
-                    await self.window_open()
-                    items, size, rest = _frame(
-                        batch,
-                        max_items=WINDOW_CHUNKS - (self.position - self.acked_to),
-                        max_bytes=min(FRAME_BYTES, WINDOW_BYTES - self.unacked_bytes),
-                    )
-                    await self.send(
-                        text_data=_encode({"type": "chunks", "stream": str(self.stream_id), "items": items})
-                    )
-                    metrics.observe_delivery(batch[: len(items)])
-                    batch = rest
-                    self.position = items[-1]["offset"] + 1
-                    self.unacked.append((self.position, size))
-                    self.unacked_bytes += size
+            async with contextlib.aclosing(aread_batches(self.stream_id, from_offset=self.position)) as batches:
+                async for batch in batches:
+                    while batch:
+                        await self.window_open()
+                        items, size, rest = _frame(
+                            batch,
+                            max_items=WINDOW_CHUNKS - (self.position - self.acked_to),
+                            max_bytes=min(FRAME_BYTES, WINDOW_BYTES - self.unacked_bytes),
+                        )
+                        await self.send(
+                            text_data=_encode({"type": "chunks", "stream": str(self.stream_id), "items": items})
+                        )
+                        metrics.observe_delivery(batch[: len(items)])
+                        batch = rest
+                        self.position = items[-1]["offset"] + 1
+                        self.unacked.append((self.position, size))
+                        self.unacked_bytes += size
             await self.send_json({"type": "end", "next_offset": self.position})
             await self.close(code=1000)
         except asyncio.CancelledError:

@@ -4,6 +4,7 @@ WebSocket (no SQL of its own beyond the authorization lookup; chunks come from t
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import uuid
@@ -83,19 +84,22 @@ async def _events(stream_id: uuid.UUID, position: int) -> AsyncIterator[bytes]:
     sent = 0
     while True:
         try:
-            async for batch in aread_batches(stream_id, from_offset=position, timeout=KEEPALIVE):
-                payload = bytearray()
-                for chunk in batch:
-                    body = json.dumps({"offset": chunk.offset, "data": chunk.data}, ensure_ascii=False)
-                    payload += f"id: {chunk.offset}\ndata: {body}\n\n".encode()
-                    position = chunk.offset + 1
-                    if sent + len(payload) >= RESPONSE_BYTES:
-                        break
-                yield bytes(payload)
-                metrics.observe_delivery([c for c in batch if c.offset < position])
-                sent += len(payload)
-                if sent >= RESPONSE_BYTES:
-                    return  # the client resumes from Last-Event-ID
+            async with contextlib.aclosing(
+                aread_batches(stream_id, from_offset=position, timeout=KEEPALIVE)
+            ) as batches:
+                async for batch in batches:
+                    payload = bytearray()
+                    for chunk in batch:
+                        body = json.dumps({"offset": chunk.offset, "data": chunk.data}, ensure_ascii=False)
+                        payload += f"id: {chunk.offset}\ndata: {body}\n\n".encode()
+                        position = chunk.offset + 1
+                        if sent + len(payload) >= RESPONSE_BYTES:
+                            break
+                    yield bytes(payload)
+                    metrics.observe_delivery([c for c in batch if c.offset < position])
+                    sent += len(payload)
+                    if sent >= RESPONSE_BYTES:
+                        return  # the client resumes from Last-Event-ID
         except ReadTimeout:
             yield b": keepalive\n\n"
             continue

@@ -66,3 +66,16 @@ async def test_sse_deliveries_are_timed() -> None:
     assert b"event: end" in body
     assert value("pgstreams_delivery_seconds_count") == delivered + 2
     assert value("pgstreams_sse_clients") == 0
+
+
+async def test_an_sse_response_cut_at_its_budget_lets_go_of_its_reader_at_once(monkeypatch) -> None:
+    from pgstreams import views
+
+    monkeypatch.setattr(views, "RESPONSE_BYTES", 500)
+    s = await pgstreams.acreate_stream()
+    await pgstreams.awrite_many(s.id, ["x" * 100] * 20)  # the stream stays open
+    readers = value("pgstreams_active_readers")
+    response = await AsyncClient().get(f"/pgstreams/streams/{s.id}/events")
+    body = b"".join([part async for part in response.streaming_content])
+    assert b"event: end" not in body  # cut by the budget: the client would resume
+    assert value("pgstreams_active_readers") == readers
