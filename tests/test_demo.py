@@ -1,5 +1,6 @@
 """The demo served by daphne in its own process: WebSocket clients over real sockets, and a real
-browser (Debian's Chromium driven by Playwright) reading an answer across a reload."""
+browser (Debian's Chromium driven by Playwright) reading an answer across a reload and tailing a
+stream on its admin page."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import json
 import os
 import shutil
+import threading
 
 import pytest
 import websockets
@@ -58,13 +60,13 @@ async def test_websocket_clients_of_a_daphne_process_get_every_chunk(demo_server
     assert got == expected[390:]
 
 
-def test_the_chat_page_streams_an_answer_that_survives_a_reload(demo_server: str) -> None:
+@pytest.fixture
+def page():
+    """A page of Debian's Chromium, headless, driven by Playwright (no browser is downloaded)."""
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"Chromium is not installed at {CHROMIUM} (apt-get install -y chromium)")
     from playwright.sync_api import sync_playwright
 
-    prompt = "Why does a NOTIFY per write not scale?"
-    expected = "".join(llm.answer(prompt))
     with sync_playwright() as p:
         browser = p.chromium.launch(
             executable_path=CHROMIUM,
@@ -81,73 +83,58 @@ def test_the_chat_page_streams_an_answer_that_survives_a_reload(demo_server: str
         try:
             page = browser.new_page(viewport={"width": 390, "height": 844})
             page.set_default_timeout(20_000)
-            page.goto(f"http://{demo_server}/")
-            assert "sign in as" in page.inner_text("main")
-            page.fill("#id_username", "demo")
-            page.fill("#id_password", "demo")
-            page.click("form.login button")
-            page.fill("#prompt", prompt)
-            page.click("form.ask button")
-            page.wait_for_selector("#status[data-state=live]")
-            # Tokens arrive one after another: the answer grows while the status is live.
-            page.wait_for_function("document.getElementById('answer').textContent.length > 20")
-            first = page.inner_text("#answer")
-            page.wait_for_function(f"document.getElementById('answer').textContent.length > {len(first) + 20}")
-            assert page.get_attribute("#status", "data-state") == "live"
-            page.reload()  # mid-answer
-            page.wait_for_selector("#status[data-state=done]")
-            shown = page.eval_on_selector("#answer", "el => el.textContent")
-            assert shown == expected  # the whole answer, exactly once
-            assert page.inner_text("#status") == f"done · {len(llm.answer(prompt))} tokens"
+            yield page
         finally:
             browser.close()
 
 
-def test_the_admin_stream_page_tails_an_open_stream(demo_server: str) -> None:
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"Chromium is not installed at {CHROMIUM} (apt-get install -y chromium)")
-    import threading
+def in_thread(function, *args):
+    """Run a database call in another thread: Playwright's sync API runs an event loop in this one."""
+    done = []
+    worker = threading.Thread(target=lambda: done.append(function(*args)))
+    worker.start()
+    worker.join(30)
+    return done[0] if done else None
 
+
+def test_the_chat_page_streams_an_answer_that_survives_a_reload(demo_server: str, page) -> None:
+    prompt = "Why does a NOTIFY per write not scale?"
+    expected = "".join(llm.answer(prompt))
+    page.goto(f"http://{demo_server}/")
+    assert "sign in as" in page.inner_text("main")
+    page.fill("#id_username", "demo")
+    page.fill("#id_password", "demo")
+    page.click("form.login button")
+    page.fill("#prompt", prompt)
+    page.click("form.ask button")
+    page.wait_for_selector("#status[data-state=live]")
+    # Tokens arrive one after another: the answer grows while the status is live.
+    page.wait_for_function("document.getElementById('answer').textContent.length > 20")
+    first = page.inner_text("#answer")
+    page.wait_for_function(f"document.getElementById('answer').textContent.length > {len(first) + 20}")
+    assert page.get_attribute("#status", "data-state") == "live"
+    page.reload()  # mid-answer
+    page.wait_for_selector("#status[data-state=done]")
+    shown = page.eval_on_selector("#answer", "el => el.textContent")
+    assert shown == expected  # the whole answer, exactly once
+    assert page.inner_text("#status") == f"done · {len(llm.answer(prompt))} tokens"
+
+
+def test_the_admin_stream_page_tails_an_open_stream(demo_server: str, page) -> None:
     from django.contrib.auth import get_user_model
-    from playwright.sync_api import sync_playwright
-
-    def in_thread(function, *args):  # Playwright's sync API runs an event loop in this thread
-        done = []
-        worker = threading.Thread(target=lambda: done.append(function(*args)))
-        worker.start()
-        worker.join(30)
-        return done[0] if done else None
 
     in_thread(lambda: get_user_model().objects.create_superuser("boss", password="boss-password"))
     stream = in_thread(lambda: pgstreams.create_stream(label="tail me"))
     in_thread(pgstreams.write_many, stream.id, ["before "])
-    with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM,
-            headless=True,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-first-run",
-            ],
-        )
-        try:
-            page = browser.new_page()
-            page.set_default_timeout(20_000)
-            page.goto(f"http://{demo_server}/admin/login/")
-            page.fill("#id_username", "boss")
-            page.fill("#id_password", "boss-password")
-            page.click("input[type=submit]")
-            page.goto(f"http://{demo_server}/admin/pgstreams/stream/{stream.id}/change/")
-            assert page.inner_text("#pgstreams-text") == "before "
-            page.wait_for_function("document.getElementById('pgstreams-tail-status').textContent.includes('live')")
-            for word in ("live ", "tail"):
-                in_thread(pgstreams.write, stream.id, word)
-            page.wait_for_function("document.getElementById('pgstreams-tail').textContent === 'live tail'")
-            in_thread(pgstreams.close, stream.id)
-            page.wait_for_function("document.getElementById('pgstreams-tail-status').textContent.includes('closed')")
-        finally:
-            browser.close()
+    page.goto(f"http://{demo_server}/admin/login/")
+    page.fill("#id_username", "boss")
+    page.fill("#id_password", "boss-password")
+    page.click("input[type=submit]")
+    page.goto(f"http://{demo_server}/admin/pgstreams/stream/{stream.id}/change/")
+    assert page.inner_text("#pgstreams-text") == "before "
+    page.wait_for_function("document.getElementById('pgstreams-tail-status').textContent.includes('live')")
+    for word in ("live ", "tail"):
+        in_thread(pgstreams.write, stream.id, word)
+    page.wait_for_function("document.getElementById('pgstreams-tail').textContent === 'live tail'")
+    in_thread(pgstreams.close, stream.id)
+    page.wait_for_function("document.getElementById('pgstreams-tail-status').textContent.includes('closed')")
