@@ -20,6 +20,8 @@ _SETTING_IDS = {
     "PREPARED_STATEMENTS": "pgstreams.E009",
     "LISTEN_DATABASE": "pgstreams.E010",
     "METRICS_TOKEN": "pgstreams.E011",
+    "SYNCHRONOUS_COMMIT": "pgstreams.E012",
+    "READ_DATABASE": "pgstreams.E013",
 }
 
 

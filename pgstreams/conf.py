@@ -28,9 +28,15 @@ DEFAULTS: dict[str, Any] = {
     "PREPARED_STATEMENTS": True,
     "LISTEN_DATABASE": None,
     "METRICS_TOKEN": None,
+    "SYNCHRONOUS_COMMIT": None,
+    "READ_DATABASE": None,
 }
 
 NOTIFY_MODES = ("buffered", "per_write", "off")
+# PostgreSQL's synchronous_commit values, from the one whose commit waits least to the one that
+# waits most (with a synchronous standby: nothing, local flush, standby write, standby flush,
+# standby replay).
+SYNCHRONOUS_COMMIT_LEVELS = ("off", "local", "remote_write", "on", "remote_apply")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
@@ -77,6 +83,14 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "METRICS_TOKEN": (
         lambda v: v is None or (isinstance(v, str) and len(v) >= 16),
         "None or a secret of 16 characters or more",
+    ),
+    "SYNCHRONOUS_COMMIT": (
+        lambda v: v is None or v in SYNCHRONOUS_COMMIT_LEVELS,
+        f"None (the server's own setting) or one of {', '.join(map(repr, SYNCHRONOUS_COMMIT_LEVELS))}",
+    ),
+    "READ_DATABASE": (
+        lambda v: v is None or (isinstance(v, str) and v in settings.DATABASES),
+        "None (read from DATABASE) or a key of settings.DATABASES, such as a hot standby of DATABASE",
     ),
 }
 
@@ -160,6 +174,16 @@ def database() -> str:
 def listen_database() -> str:
     """The alias of the listener's LISTEN connection: LISTEN_DATABASE, else DATABASE."""
     return _valid("LISTEN_DATABASE") or database()
+
+
+def read_database() -> str:
+    """The alias readers fetch chunks and stream state from: READ_DATABASE, else DATABASE."""
+    return _valid("READ_DATABASE") or database()
+
+
+def synchronous_commit() -> str | None:
+    """The synchronous_commit level writes use when they name none; None: the server's own."""
+    return _valid("SYNCHRONOUS_COMMIT")
 
 
 def metrics_token() -> str | None:

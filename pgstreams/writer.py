@@ -9,7 +9,7 @@ transaction that rolls back. Never reads chunks and never waits for a flush.
 from __future__ import annotations
 
 import uuid
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 import psycopg
@@ -23,44 +23,72 @@ from .models import Stream
 # The stream row's counter is taken and the chunk inserted in one statement. The UPDATE's row
 # lock serialises the writers of one stream until commit, so per stream commit order is offset
 # order and a rolled-back write leaves no gap. No row from the UPDATE: unknown or closed stream.
+# {level}, {from_level} and {notify} are filled in by _statement() from the constants below.
 _WRITE_SQL = """
-WITH s AS (
-    UPDATE pgstreams_stream SET next_offset = next_offset + 1
+WITH {level}s AS (
+    UPDATE pgstreams_stream SET next_offset = next_offset + 1 {from_level}
     WHERE id = %(id)s AND closed_at IS NULL
     RETURNING next_offset - 1 AS off
 )
 INSERT INTO pgstreams_chunk (stream_id, "offset", data, created_at)
 SELECT %(id)s, s.off, %(data)s, now() FROM s
-RETURNING "offset"
+RETURNING "offset"{notify}
 """
 
 _WRITE_MANY_SQL = """
-WITH s AS (
-    UPDATE pgstreams_stream SET next_offset = next_offset + %(n)s
+WITH {level}s AS (
+    UPDATE pgstreams_stream SET next_offset = next_offset + %(n)s {from_level}
     WHERE id = %(id)s AND closed_at IS NULL
     RETURNING next_offset - %(n)s AS base
 )
 INSERT INTO pgstreams_chunk (stream_id, "offset", data, created_at)
 SELECT %(id)s, s.base + t.i - 1, t.data, now()
 FROM s, unnest(%(items)s::text[]) WITH ORDINALITY AS t(data, i)
-RETURNING "offset"
+RETURNING "offset"{notify}
 """
 
 _CLOSE_SQL = """
-UPDATE pgstreams_stream SET closed_at = now()
-WHERE id = %(id)s AND closed_at IS NULL
-RETURNING next_offset
+WITH {level}c AS (
+    UPDATE pgstreams_stream SET closed_at = now() {from_level}
+    WHERE id = %(id)s AND closed_at IS NULL
+    RETURNING next_offset
+)
+SELECT next_offset{notify} FROM c
+"""
+
+# A synchronous_commit level for the writing transaction: set_config(..., true) is SET LOCAL's
+# function form, which takes its value as a parameter and runs inside the write's own statement
+# (a bare SET LOCAL would be a second round trip, and does nothing outside a transaction block).
+# The transaction's commit waits at the strongest level any pgstreams write in it asked for:
+# pgstreams.synchronous_commit remembers it until the transaction (or savepoint) ends.
+_LEVEL_CTE = """level AS (
+    SELECT set_config('synchronous_commit', l.v, true) AS level,
+           set_config('pgstreams.synchronous_commit', l.v, true) AS strongest
+    FROM (SELECT (%(levels)s::text[])[GREATEST(
+        array_position(%(levels)s::text[], %(level)s::text),
+        array_position(%(levels)s::text[], current_setting('pgstreams.synchronous_commit', true))
+    )] AS v) AS l
+),
 """
 
 # NOTIFY_MODE "per_write": the classic design, a notification inside the writing transaction
 # (the benchmark's baseline). The payload is the same one the flusher sends.
 _PER_WRITE_NOTIFY = ", pg_notify(%(channel)s, %(hex)s || ':' || ({next_offset}){suffix})"
-_PER_WRITE = {
-    "write": _WRITE_SQL + _PER_WRITE_NOTIFY.format(next_offset='"offset" + 1', suffix=""),
-    "write_many": _WRITE_MANY_SQL + _PER_WRITE_NOTIFY.format(next_offset='"offset" + 1', suffix=""),
-    "close": _CLOSE_SQL + _PER_WRITE_NOTIFY.format(next_offset="next_offset", suffix=" || ':c'"),
+_TEMPLATES = {
+    "write": (_WRITE_SQL, _PER_WRITE_NOTIFY.format(next_offset='"offset" + 1', suffix="")),
+    "write_many": (_WRITE_MANY_SQL, _PER_WRITE_NOTIFY.format(next_offset='"offset" + 1', suffix="")),
+    "close": (_CLOSE_SQL, _PER_WRITE_NOTIFY.format(next_offset="next_offset", suffix=" || ':c'")),
 }
-_QUIET = {"write": _WRITE_SQL, "write_many": _WRITE_MANY_SQL, "close": _CLOSE_SQL}
+
+
+@cache
+def _statement(kind: str, per_write: bool, with_level: bool) -> str:
+    template, notify_sql = _TEMPLATES[kind]
+    return template.format(
+        level=_LEVEL_CTE if with_level else "",
+        from_level="FROM level" if with_level else "",
+        notify=notify_sql if per_write else "",
+    )
 
 
 def stream_uuid(stream_id: Any) -> uuid.UUID:
@@ -91,12 +119,24 @@ def _check_chunk(data: Any, limit: int) -> None:
         raise InvalidChunk("chunk data holds a NUL character, which PostgreSQL text cannot store; remove or escape it")
 
 
-def _execute(kind: str, alias: str, mode: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+def _level(synchronous_commit: str | None) -> str | None:
+    """The synchronous_commit level of a write: its argument, else the setting (None: the server's)."""
+    if synchronous_commit is None:
+        return conf.synchronous_commit()
+    if synchronous_commit not in conf.SYNCHRONOUS_COMMIT_LEVELS:
+        raise ValueError(
+            f"synchronous_commit must be one of {', '.join(map(repr, conf.SYNCHRONOUS_COMMIT_LEVELS))} "
+            f"or None, not {synchronous_commit!r}"
+        )
+    return synchronous_commit
+
+
+def _execute(kind: str, alias: str, mode: str, level: str | None, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    sql = _statement(kind, mode == "per_write", level is not None)
     if mode == "per_write":
-        sql = _PER_WRITE[kind]
         params = {**params, "channel": conf.channel(), "hex": params["id"].hex}
-    else:
-        sql = _QUIET[kind]
+    if level is not None:
+        params = {**params, "level": level, "levels": list(conf.SYNCHRONOUS_COMMIT_LEVELS)}
     with _cursor(alias) as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
@@ -177,27 +217,38 @@ def create_stream(
     return Stream.objects.using(using or conf.database()).create(owner=owner, label=label, metadata=metadata or {})
 
 
-def write(stream_id: Any, data: str, *, using: str | None = None) -> int:
+def write(stream_id: Any, data: str, *, using: str | None = None, synchronous_commit: str | None = None) -> int:
     """Append ``data`` to a stream in one round trip and return its offset.
 
     Inside ``transaction.atomic()`` the chunk is visible, and announced, only after commit.
 
+    Args:
+        synchronous_commit: how long the commit waits ("off", "local", "remote_write", "on",
+            "remote_apply"); defaults to ``PGSTREAMS['SYNCHRONOUS_COMMIT']``, else the server's
+            setting. Inside ``transaction.atomic()`` the commit waits at the strongest level that
+            any pgstreams write in the transaction asked for.
+
     Raises:
-        StreamNotFound, StreamClosed, ChunkTooLarge, InvalidChunk; TypeError for non-str data.
+        StreamNotFound, StreamClosed, ChunkTooLarge, InvalidChunk; TypeError for non-str data;
+        ValueError for an unknown synchronous_commit.
     """
     sid = stream_uuid(stream_id)
     _check_chunk(data, conf.max_chunk_bytes())
+    level = _level(synchronous_commit)
     alias = using or conf.database()
     mode = conf.notify_mode()
-    offset: int = _execute("write", alias, mode, {"id": sid, "data": data})[0][0]
+    offset: int = _execute("write", alias, mode, level, {"id": sid, "data": data})[0][0]
     _after_commit(alias, mode, notify.Mark(sid, offset + 1, False), 1)
     return offset
 
 
-def write_many(stream_id: Any, items: list[str], *, using: str | None = None) -> list[int]:
+def write_many(
+    stream_id: Any, items: list[str], *, using: str | None = None, synchronous_commit: str | None = None
+) -> list[int]:
     """Append several chunks in one statement and return their offsets, in order.
 
     Every item is checked before the database is touched: one bad item writes nothing.
+    ``synchronous_commit`` as for ``write()``.
     """
     sid = stream_uuid(stream_id)
     if isinstance(items, (str, bytes)) or not hasattr(items, "__iter__"):
@@ -206,26 +257,28 @@ def write_many(stream_id: Any, items: list[str], *, using: str | None = None) ->
     limit = conf.max_chunk_bytes()
     for data in items:
         _check_chunk(data, limit)
+    level = _level(synchronous_commit)
     if not items:
         return []
     alias = using or conf.database()
     mode = conf.notify_mode()
-    rows = _execute("write_many", alias, mode, {"id": sid, "n": len(items), "items": items})
+    rows = _execute("write_many", alias, mode, level, {"id": sid, "n": len(items), "items": items})
     offsets = sorted(row[0] for row in rows)
     _after_commit(alias, mode, notify.Mark(sid, offsets[-1] + 1, False), len(offsets))
     return offsets
 
 
-def close(stream_id: Any, *, using: str | None = None) -> int:
+def close(stream_id: Any, *, using: str | None = None, synchronous_commit: str | None = None) -> int:
     """Close a stream: it takes no more writes, and its readers end once they have read it all.
 
     Returns the number of chunks it holds. Raises StreamNotFound, or StreamClosed if it was
-    already closed.
+    already closed. ``synchronous_commit`` as for ``write()``.
     """
     sid = stream_uuid(stream_id)
+    level = _level(synchronous_commit)
     alias = using or conf.database()
     mode = conf.notify_mode()
-    next_offset: int = _execute("close", alias, mode, {"id": sid})[0][0]
+    next_offset: int = _execute("close", alias, mode, level, {"id": sid})[0][0]
     _after_commit(alias, mode, notify.Mark(sid, next_offset, True), 0)
     transaction.on_commit(
         partial(signals.stream_closed.send, sender=Stream, stream_id=sid, next_offset=next_offset, using=alias),

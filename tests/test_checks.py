@@ -42,6 +42,9 @@ def test_defaults_pass() -> None:
         ({"PREPARED_STATEMENTS": "yes"}, "pgstreams.E009"),
         ({"LISTEN_DATABASE": "nowhere"}, "pgstreams.E010"),
         ({"METRICS_TOKEN": "short"}, "pgstreams.E011"),
+        ({"SYNCHRONOUS_COMMIT": "ON"}, "pgstreams.E012"),
+        ({"SYNCHRONOUS_COMMIT": "on; DROP TABLE pgstreams_chunk"}, "pgstreams.E012"),
+        ({"READ_DATABASE": "nowhere"}, "pgstreams.E013"),
         ({"NOTIFY_MDOE": "off"}, "pgstreams.W001"),
     ],
 )

@@ -172,3 +172,71 @@ def test_writes_are_prepared_statements_unless_turned_off(prepared: bool) -> Non
         with connection.cursor() as cursor:
             cursor.execute("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s", ["%pgstreams_chunk%"])
             assert cursor.fetchone()[0] == (1 if prepared else 0)
+
+
+def _setting(name: str) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting(%s)", [name])
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.parametrize("notify_mode", ["buffered", "per_write"])
+@pytest.mark.parametrize("level", ["off", "local", "remote_write", "on", "remote_apply"])
+def test_each_synchronous_commit_level_is_set_for_the_writing_transaction(level: str, notify_mode: str) -> None:
+    s = pgstreams.create_stream()
+    server_default = _setting("synchronous_commit")
+    with override_settings(PGSTREAMS={"NOTIFY_MODE": notify_mode}):
+        for call in (
+            lambda: pgstreams.write(s, "a", synchronous_commit=level),
+            lambda: pgstreams.write_many(s, ["b", "c"], synchronous_commit=level),
+            lambda: pgstreams.close(s, synchronous_commit=level),
+        ):
+            with transaction.atomic():
+                call()
+                assert _setting("synchronous_commit") == level
+            # SET LOCAL semantics: the level ends with its transaction.
+            assert _setting("synchronous_commit") == server_default
+    assert stored(s) == [(0, "a"), (1, "b"), (2, "c")]
+
+
+def test_the_setting_is_the_default_level_and_an_argument_overrides_it() -> None:
+    s = pgstreams.create_stream()
+    with override_settings(PGSTREAMS={"SYNCHRONOUS_COMMIT": "local"}):
+        with transaction.atomic():
+            pgstreams.write(s, "a")
+            assert _setting("synchronous_commit") == "local"
+        with transaction.atomic():
+            pgstreams.write(s, "b", synchronous_commit="remote_write")
+            assert _setting("synchronous_commit") == "remote_write"
+
+
+def test_in_one_transaction_the_strongest_level_asked_for_wins() -> None:
+    s = pgstreams.create_stream()
+    with transaction.atomic():
+        pgstreams.write(s, "payment", synchronous_commit="remote_apply")
+        pgstreams.write(s, "token", synchronous_commit="off")
+        assert _setting("synchronous_commit") == "remote_apply"
+    with transaction.atomic():
+        pgstreams.write(s, "token", synchronous_commit="off")
+        pgstreams.write(s, "log line", synchronous_commit="local")
+        assert _setting("synchronous_commit") == "local"
+        with transaction.atomic():  # a savepoint rolled back takes its level with it
+            pgstreams.write(s, "undone", synchronous_commit="on")
+            assert _setting("synchronous_commit") == "on"
+            transaction.set_rollback(True)
+        assert _setting("synchronous_commit") == "local"
+    assert [data for _, data in stored(s)] == ["payment", "token", "token", "log line"]
+
+
+@pytest.mark.parametrize("bad", ["ON", "sync", "remote apply", "on; DROP TABLE pgstreams_chunk", "", True, 1])
+def test_an_unknown_synchronous_commit_is_a_value_error_and_writes_nothing(bad) -> None:
+    s = pgstreams.create_stream()
+    for call in (
+        lambda: pgstreams.write(s, "a", synchronous_commit=bad),
+        lambda: pgstreams.write_many(s, ["a"], synchronous_commit=bad),
+        lambda: pgstreams.close(s, synchronous_commit=bad),
+    ):
+        with pytest.raises(ValueError, match="synchronous_commit must be one of 'off', 'local'"):
+            call()
+    s.refresh_from_db()
+    assert (s.next_offset, s.closed_at, stored(s)) == (0, None, [])
