@@ -61,6 +61,10 @@ ORDER BY w.i, c."offset"
 """
 
 
+# With READ_DATABASE: what the primary says of streams readers start on.
+PRIMARY_STATE_SQL = "SELECT id, next_offset, closed_at IS NOT NULL FROM pgstreams_stream WHERE id = ANY(%s)"
+
+
 @dataclass(frozen=True, slots=True)
 class StreamChunk:
     """One chunk as readers receive it."""
@@ -322,7 +326,9 @@ class Listener:
 
     async def _fetch_forever(self) -> None:
         backoff = db.Backoff()
-        conn: psycopg.AsyncConnection[Any] | None = None
+        # While the read database is behind what was announced, ask it again at growing intervals.
+        behind = db.Backoff(first=0.002, cap=0.1)
+        conns = _FetchConnections()
         try:
             while True:
                 await self._work.wait()
@@ -331,19 +337,16 @@ class Listener:
                 if not keys:
                     continue
                 try:
-                    if conn is None or conn.closed:
-                        conn = await db.aconnect(conf.database(), "fetcher")
                     began = time.monotonic()
-                    pages = await _fetch(conn, keys)
+                    pages = await _fetch(await conns.read(), keys)
+                    waiting = await self._confirm_on_primary(conns, keys, pages) if conns.standby else False
                     self.stats["fetch_seconds"] += time.monotonic() - began
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
                     self.stats["fetch_errors"] += 1
                     logger.warning("pgstreams: fetching chunks failed, retrying: %s", exc)
-                    if conn is not None:
-                        await _close_quietly(conn)
-                    conn = None
+                    await conns.close()
                     with self._lock:
                         for stream_id, _ in keys:
                             if stream_id in self._tails:
@@ -353,10 +356,42 @@ class Listener:
                     continue
                 backoff.reset()
                 self.stats["fetches"] += 1
-                self._deliver(pages, polled)
+                if self._deliver(pages, polled) or waiting:
+                    self.stats["read_behind"] += 1
+                    self._loop.call_later(behind.next(), self._fetch_behind)
+                else:
+                    behind.reset()
         finally:
-            if conn is not None:
-                await _close_quietly(conn)
+            await conns.close()
+
+    async def _confirm_on_primary(
+        self, conns: _FetchConnections, keys: list[tuple[uuid.UUID, int]], pages: dict[tuple[uuid.UUID, int], Page]
+    ) -> bool:
+        """With READ_DATABASE, ask the primary for the state of the streams that readers start on
+        (and of streams the standby does not show): a standby may not have replayed their last
+        chunks, or the stream itself, and no notification would announce those again. Pages of
+        streams the standby does not have yet are held back. Return whether any was."""
+        with self._lock:
+            ask = {stream_id for stream_id, offset in keys if (stream_id, offset) in self._requests}
+        ask.update(stream_id for (stream_id, _), page in pages.items() if not page.exists)
+        if not ask:
+            return False
+        cursor = await (await conns.primary()).execute(PRIMARY_STATE_SQL, (list(ask),), prepare=False)
+        marks = [notify.Mark(*row) for row in await cursor.fetchall()]
+        self.announce(marks)
+        on_primary = {mark.stream_id for mark in marks}
+        held = [key for key, page in pages.items() if not page.exists and key[0] in on_primary]
+        for key in held:
+            del pages[key]  # the reader's request stays open and is fetched again
+        return bool(held)
+
+    def _fetch_behind(self) -> None:
+        """Fetch again the tails that are announced further than the read database showed."""
+        with self._lock:
+            for tail in self._tails.values():
+                if tail.waiters and tail.wants_fetch() and tail.start is not None:
+                    tail.dirty = True
+            self._work.set()
 
     def _collect(self) -> tuple[list[tuple[uuid.UUID, int]], set[uuid.UUID]]:
         """The (stream, offset) pages to fetch now: readers' requests and dirty tails."""
@@ -372,7 +407,11 @@ class Listener:
                 tail.dirty = tail.polled = False
             return list(keys), polled
 
-    def _deliver(self, pages: dict[tuple[uuid.UUID, int], Page], polled: set[uuid.UUID]) -> None:
+    def _deliver(self, pages: dict[tuple[uuid.UUID, int], Page], polled: set[uuid.UUID]) -> bool:
+        """Answer readers' requests, fold pages into tails and wake the readers of tails that
+        moved. Return whether a tail with waiting readers is announced further than its page
+        showed (only a read database lagging behind the primary does that)."""
+        behind = False
         wake: list[tuple[asyncio.AbstractEventLoop | None, Waiter]] = []
         answered: list[tuple[list[concurrent.futures.Future[Page]], Page]] = []
         with self._lock:
@@ -396,8 +435,11 @@ class Listener:
                 if tail.waiters and tail.wants_fetch() and tail.start is not None:
                     # Keep fetching forward only for readers that wait at the window's end; a
                     # reader still taking chunks asks again when it gets there (step()).
-                    tail.dirty = True
-                    self._work.set()
+                    if page.next_offset > tail.end:
+                        tail.dirty = True  # the page was full: the next one is there now
+                        self._work.set()
+                    else:
+                        behind = True  # a standby that has not replayed what was announced
                 if moved:
                     wake.extend(tail.waiters.items())
                     tail.waiters.clear()
@@ -405,6 +447,7 @@ class Listener:
             for future in futures:
                 _resolve(future, page)
         _wake(wake)
+        return behind
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the thread and close its connections; waiting readers get a StreamError."""
@@ -433,6 +476,32 @@ class Listener:
     @property
     def stopped(self) -> bool:
         return self._stopped
+
+
+class _FetchConnections:
+    """The fetcher's connections: to READ_DATABASE (or DATABASE), and, when readers read from
+    another database than the primary, one to the primary, opened on first use."""
+
+    def __init__(self) -> None:
+        self.standby = conf.read_database() != conf.database()
+        self._read: psycopg.AsyncConnection[Any] | None = None
+        self._primary: psycopg.AsyncConnection[Any] | None = None
+
+    async def read(self) -> psycopg.AsyncConnection[Any]:
+        if self._read is None or self._read.closed:
+            self._read = await db.aconnect(conf.read_database(), "fetcher")
+        return self._read
+
+    async def primary(self) -> psycopg.AsyncConnection[Any]:
+        if self._primary is None or self._primary.closed:
+            self._primary = await db.aconnect(conf.database(), "checker")
+        return self._primary
+
+    async def close(self) -> None:
+        for conn in (self._read, self._primary):
+            if conn is not None:
+                await _close_quietly(conn)
+        self._read = self._primary = None
 
 
 async def _fetch(

@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -120,3 +121,14 @@ def demo_server() -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+
+
+@pytest.fixture(scope="session")
+def replica(django_db_blocker) -> Iterator[tuple[Any, str, str]]:
+    """A primary and a synchronous streaming standby (pgstreams.bench.replica), migrated and in
+    settings.DATABASES as ``replica_primary`` and ``replica_standby``; torn down after the session.
+    Yields (the pair, the primary's alias, the standby's alias)."""
+    from pgstreams.bench.replica import ReplicaPair, installed
+
+    with ReplicaPair() as pair, django_db_blocker.unblock(), installed(pair, "replica") as (primary, standby):
+        yield pair, primary, standby

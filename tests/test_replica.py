@@ -1,0 +1,188 @@
+"""Durability levels and readers on a hot standby, against a real primary and synchronous
+streaming standby built from the embedded binaries (the ``replica`` fixture)."""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connections
+from django.test import override_settings
+
+import pgstreams
+from pgstreams import listener, notify
+from pgstreams.conf import SYNCHRONOUS_COMMIT_LEVELS
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.faults]
+
+
+@pytest.fixture
+def on_the_pair(replica) -> Iterator[tuple[Any, str, str]]:
+    """pgstreams writes to the pair's primary and reads from its standby; the listener and the
+    flusher are started inside the test, so they connect to the pair."""
+    pair, primary, standby = replica
+    listener.stop_listener()
+    notify.stop_flusher()
+    with override_settings(PGSTREAMS={"DATABASE": primary, "READ_DATABASE": standby, "POLL_INTERVAL": 60}):
+        yield replica
+        listener.stop_listener()
+        notify.stop_flusher()
+
+
+class Write(threading.Thread):
+    """One write at one synchronous_commit level, in its own thread and connection."""
+
+    def __init__(self, alias: str, stream_id: uuid.UUID, level: str) -> None:
+        super().__init__(name=f"write-{level}", daemon=True)
+        self.alias, self.stream_id, self.level = alias, stream_id, level
+        self.backend: queue.Queue[int] = queue.Queue()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        conn = connections[self.alias]
+        try:
+            conn.ensure_connection()
+            self.backend.put(conn.connection.info.backend_pid)
+            pgstreams.write(self.stream_id, self.level, using=self.alias, synchronous_commit=self.level)
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            conn.close()
+
+    def finished(self) -> bool:
+        self.join(30)
+        return not self.is_alive() and self.error is None
+
+
+def waits_for_the_standby(pair: Any, write: Write) -> bool:
+    """Whether the write's commit is waiting for the standby (wait event SyncRep)."""
+    pid = write.backend.get(timeout=30)
+    with pair.connect("primary") as conn:
+        deadline = time.monotonic() + 10
+        while write.is_alive() and time.monotonic() < deadline:  # bounded
+            row = conn.execute("SELECT wait_event FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone()
+            if row and row[0] == "SyncRep":
+                return True
+            time.sleep(0.01)
+    return False
+
+
+def on_standby(pair: Any, stream_id: uuid.UUID) -> list[str]:
+    with pair.connect("standby") as conn:
+        rows = conn.execute(
+            'SELECT data FROM pgstreams_chunk WHERE stream_id = %s ORDER BY "offset"', [stream_id]
+        ).fetchall()
+    return [data for (data,) in rows]
+
+
+def test_each_level_waits_for_what_it_promises(replica) -> None:
+    pair, primary, _ = replica
+
+    def write(level: str) -> Write:
+        # A stream each: a commit waiting for the standby holds its stream's row lock.
+        return Write(primary, pgstreams.create_stream(using=primary).id, level)
+
+    # Replay paused: the standby still receives and flushes WAL, but applies none.
+    with pair.replay_paused():
+        done = [write(level) for level in ("off", "local", "remote_write", "on")]
+        for w in done:
+            w.start()
+        assert all(w.finished() for w in done), [w.error for w in done]
+        applied = write("remote_apply")
+        applied.start()
+        assert waits_for_the_standby(pair, applied)
+    assert applied.finished(), applied.error
+    # remote_apply returned only once the standby applied it: its readers see it already.
+    assert on_standby(pair, applied.stream_id) == ["remote_apply"]
+
+    # Standby down: only off and local commit; the others wait until it is back.
+    local = [write(level) for level in ("off", "local")]
+    remote = [write(level) for level in ("remote_write", "on")]
+    with pair.standby_stopped():
+        for w in local + remote:
+            w.start()
+        assert all(w.finished() for w in local), [w.error for w in local]
+        assert all(waits_for_the_standby(pair, w) for w in remote)
+    assert all(w.finished() for w in remote), [w.error for w in remote]
+
+
+class Reader(threading.Thread):
+    """``pgstreams.read()`` in a thread, keeping what it got."""
+
+    def __init__(self, stream_id: uuid.UUID, from_offset: int = 0) -> None:
+        super().__init__(name=f"reader-{stream_id}", daemon=True)
+        self.stream_id, self.from_offset = stream_id, from_offset
+        self.got: list[tuple[int, str]] = []
+        self.error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            for chunk in pgstreams.read(self.stream_id, from_offset=self.from_offset, timeout=60):
+                self.got.append((chunk.offset, chunk.data))
+        except BaseException as exc:
+            self.error = exc
+
+
+def test_readers_on_a_lagging_standby_get_every_chunk_in_order_and_never_end_early(on_the_pair) -> None:
+    pair, primary, standby = on_the_pair
+    chunks = [f"chunk {i} " for i in range(100)]
+    s = pgstreams.create_stream()
+    pgstreams.write_many(s, chunks[:3])
+    early = Reader(s.id)
+    deadline = time.monotonic() + 30
+    while len(early.got) < 3 and time.monotonic() < deadline:  # bounded
+        time.sleep(0.01)
+    assert early.got == list(enumerate(chunks[:3]))
+
+    with pair.replay_paused():
+        pgstreams.write_many(s, chunks[3:50])
+        for data in chunks[50:]:
+            pgstreams.write(s, data)
+        pgstreams.close(s)
+        # A stream the standby has not even got yet, and a reader resuming past what it shows.
+        late = pgstreams.create_stream()
+        pgstreams.write_many(late, ["a", "b"])
+        pgstreams.close(late)
+        late_reader = Reader(late.id)
+        resumer = Reader(s.id, from_offset=40)
+        time.sleep(0.5)
+        hub = listener.get_listener()
+        # Announced (by notification and by this process's commits) but not replayed: waited for.
+        assert early.is_alive() and late_reader.is_alive() and resumer.is_alive()
+        assert early.got == list(enumerate(chunks[:3])) and late_reader.got == resumer.got == []
+        assert early.error is late_reader.error is resumer.error is None
+
+    resumed = time.monotonic()
+    for reader in (early, late_reader, resumer):
+        reader.join(30)
+        assert not reader.is_alive() and reader.error is None, reader.error
+    print(
+        f"standby replay paused 0.5 s: readers complete {1000 * (time.monotonic() - resumed):.0f} ms after resume, "
+        f"{hub.stats['read_behind']} fetch rounds found the standby behind"
+    )
+    assert early.got == list(enumerate(chunks))
+    assert resumer.got == list(enumerate(chunks))[40:]
+    assert late_reader.got == [(0, "a"), (1, "b")]
+    assert hub.stats["read_behind"] > 0  # the listener asked the standby again until it caught up
+    # The chunks came from the standby: the fetcher is connected there, LISTEN on the primary.
+    with pair.connect("standby") as conn:
+        names = {n for (n,) in conn.execute("SELECT application_name FROM pg_stat_activity").fetchall()}
+    assert f"pgstreams fetcher {os.getpid()}" in names
+    assert hub.listening.is_set()
+
+
+def test_every_level_is_accepted_on_the_pair(on_the_pair) -> None:
+    pair, primary, _ = on_the_pair
+    s = pgstreams.create_stream()
+    for level in SYNCHRONOUS_COMMIT_LEVELS:
+        pgstreams.write(s, level, synchronous_commit=level)
+    pgstreams.close(s, synchronous_commit="remote_apply")
+    assert on_standby(pair, s.id) == list(SYNCHRONOUS_COMMIT_LEVELS)
+    assert [c.data for c in pgstreams.read(s.id, timeout=30)] == list(SYNCHRONOUS_COMMIT_LEVELS)
