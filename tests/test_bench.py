@@ -4,9 +4,14 @@ ceiling, the WebSocket mode, the JSON and the plot."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
+
+from tests.conftest import ROOT, subprocess_database_url
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess]
 
@@ -39,7 +44,7 @@ def test_a_tiny_run_of_every_mode(tmp_path, capsys) -> None:
     for run in report["runs"]:
         assert run["written"] > 0 and run["writes_per_s"] > 0
         assert run["duplicates"] == 0 and run["out_of_order"] == 0
-        assert set(run["write_ms"]) == {"p50", "p95", "p99", "max"}
+        assert set(run["write_ms"]) == {"p50", "p95", "p99", "p999", "max"}
         if run["mode"] == "insert_only":
             assert run["readers"] == 0 and run["coverage"] is None
         else:
@@ -53,3 +58,29 @@ def test_a_tiny_run_of_every_mode(tmp_path, capsys) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = capsys.readouterr().out
     assert "buffered / per_write" in table and "WebSocket" in table
+
+
+def test_a_tiny_replica_sweep(tmp_path) -> None:
+    # In a process of its own: the sweep adds its pair's aliases to settings.DATABASES, which
+    # pytest-django forbids inside a database test.
+    out, png = tmp_path / "replica.json", tmp_path / "replica.png"
+    command = [sys.executable, "manage.py", "pgstreams_bench", "--replica", "--replica-writers", "1,2"]
+    command += ["--duration", "0.5", "--readers", "1", "--json", str(out), "--plot", str(png)]
+    env = {**os.environ, "DATABASE_URL": subprocess_database_url()}
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["runs"] == [] and report["pgbench_tps"] is None
+    levels = ["off", "local", "remote_write", "on", "remote_apply"]
+    assert [(r["level"], r["writers"]) for r in report["replica"]] == [(x, n) for x in levels for n in (1, 2)]
+    for row in report["replica"]:
+        assert row["written"] > 0 and row["writes_per_s"] > 0
+        assert row["coverage"] == 1.0 and row["duplicates"] == 0 and row["out_of_order"] == 0
+        assert set(row["write_ms"]) == set(row["e2e_ms"]) == {"p50", "p95", "p99", "p999", "max"}
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "remote_write/on" in done.stdout
+
+
+def test_replica_writers_must_be_positive_numbers() -> None:
+    with pytest.raises(CommandError, match="--replica-writers must be positive whole numbers"):
+        call_command("pgstreams_bench", "--replica", "--replica-writers", "16,x")

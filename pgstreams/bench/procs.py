@@ -21,8 +21,8 @@ class Boot:
     """What a child needs to set Django up exactly as the coordinator runs it."""
 
     settings_module: str
-    alias: str
-    database: dict[str, Any]
+    alias: str  # the database writers write to
+    databases: dict[str, dict[str, Any]]  # every alias the PGSTREAMS settings name
     pgstreams: dict[str, Any]
 
 
@@ -31,7 +31,7 @@ def setup(boot: Boot) -> None:
     from django.conf import settings
 
     # Before django.setup(): connections are configured from this on first use.
-    settings.DATABASES[boot.alias] = boot.database
+    settings.DATABASES.update(boot.databases)
     import django
 
     django.setup()

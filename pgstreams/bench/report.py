@@ -5,17 +5,20 @@ from __future__ import annotations
 from typing import Any
 
 
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 def table(report: dict[str, Any]) -> str:
     """The runs as a fixed-width table, with the pgbench ceiling and ratios below it."""
+    if report.get("replica"):
+        return replica_table(report["replica"])
     head = (
         f"{'mode':<12}{'writes/s':>10}{'write p50':>10}{'p99':>8}{'e2e p50':>9}{'p99':>8}{'p99.9':>8}{'max':>8}"
         f"{'coverage':>10}{'dup':>5}{'ooo':>5}{'backends':>9}{'polls/s':>8}"
     )
     lines = [head, "-" * len(head)]
-
-    def ms(value: float | None) -> str:
-        return "-" if value is None else f"{value:.1f}"
-
+    ms = _ms
     for run in report["runs"]:
         w, e = run["write_ms"], run["e2e_ms"]
         coverage = "-" if run["coverage"] is None else f"{run['coverage']:.4f}"
@@ -47,12 +50,43 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def replica_table(rows: list[dict[str, Any]]) -> str:
+    """The replica sweep: a line per (level, writers), then the throughput ratios between levels."""
+    head = (
+        f"{'level':<14}{'writers':>8}{'writes/s':>10}{'write p50':>10}{'p95':>7}{'p99':>7}{'p99.9':>7}"
+        f"{'e2e p50':>9}{'p99':>7}{'p99.9':>7}{'coverage':>10}{'dup':>5}"
+    )
+    lines = [head, "-" * len(head)]
+    for row in rows:
+        w, e = row["write_ms"], row["e2e_ms"]
+        coverage = "-" if row["coverage"] is None else f"{row['coverage']:.4f}"
+        lines.append(
+            f"{row['level']:<14}{row['writers']:>8}{row['writes_per_s']:>10.0f}{_ms(w['p50']):>10}{_ms(w['p95']):>7}"
+            f"{_ms(w['p99']):>7}{_ms(w['p999']):>7}{_ms(e['p50']):>9}{_ms(e['p99']):>7}{_ms(e['p999']):>7}"
+            f"{coverage:>10}{row['duplicates']:>5}"
+        )
+    lines.append("(latencies in ms; write = the write() call, e2e = its return to receipt by a reader on the standby)")
+    rate = {(row["level"], row["writers"]): row["writes_per_s"] for row in rows}
+    for writers in sorted({row["writers"] for row in rows}):
+        ratios = [
+            f"{a}/{b} {rate[a, writers] / rate[b, writers]:.2f}x"
+            for a, b in (("remote_write", "on"), ("on", "remote_apply"), ("off", "on"))
+            if rate.get((a, writers)) and rate.get((b, writers))
+        ]
+        lines.append(f"writes/s at {writers} writers: " + ", ".join(ratios))
+    return "\n".join(lines)
+
+
 def plot(report: dict[str, Any], path: str) -> None:
-    """End-to-end latency CDF per mode, and writes/s per mode against the pgbench ceiling."""
+    """End-to-end latency CDF per mode, and writes/s per mode against the pgbench ceiling (or,
+    for a replica sweep, ``plot_replica``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    if report.get("replica"):
+        return plot_replica(report, path)
 
     runs = report["runs"]
     fig, (cdf, bars) = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -80,6 +114,46 @@ def plot(report: dict[str, Any], path: str) -> None:
     bars.set_title(f"Writes/s, {runs[0]['writers'] if runs else 0} writers")
     bars.legend()
     fig.suptitle(f"pgstreams_bench on {report['machine']['cpus']} CPUs, PostgreSQL {report['machine']['postgres']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_replica(report: dict[str, Any], path: str) -> None:
+    """Per synchronous_commit level: writes/s against writers, and write latency percentiles."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report["replica"]
+    levels = list(dict.fromkeys(row["level"] for row in rows))
+    fig, (rate, tail) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for level in levels:
+        mine = [row for row in rows if row["level"] == level]
+        rate.plot([r["writers"] for r in mine], [r["writes_per_s"] for r in mine], marker="o", label=level)
+    rate.set_xlabel("writers")
+    rate.set_ylabel("writes/s")
+    rate.set_title("Throughput per level")
+    rate.grid(True, alpha=0.3)
+    rate.legend()
+
+    most = max(row["writers"] for row in rows)
+    at_most = {row["level"]: row["write_ms"] for row in rows if row["writers"] == most}
+    keys = ("p50", "p95", "p99", "p999")
+    width = 0.8 / len(keys)
+    for i, key in enumerate(keys):
+        xs = [j + (i - (len(keys) - 1) / 2) * width for j in range(len(levels))]
+        tail.bar(xs, [at_most[level][key] or 0 for level in levels], width, label=key)
+    tail.set_xticks(range(len(levels)), levels)
+    tail.set_yscale("log")
+    tail.set_ylabel("write() latency (ms, log scale)")
+    tail.set_title(f"Write latency at {most} writers")
+    tail.legend()
+    fig.suptitle(
+        f"synchronous_commit levels, one synchronous standby on the same host; "
+        f"{report['machine']['cpus']} CPUs, PostgreSQL {report['machine']['postgres']}"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

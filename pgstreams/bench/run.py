@@ -4,19 +4,21 @@ of one run. Nothing here writes chunks itself."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import platform
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from django.conf import settings
 from django.db import connections
 
 from .. import conf
+from ..conf import SYNCHRONOUS_COMMIT_LEVELS
 from ..models import Stream
 from . import procs
 
@@ -39,6 +41,7 @@ class Config:
     ws: bool = False
     clients: int = 50
     pgbench: bool = True
+    replica_writers: Sequence[int] = ()  # writer counts of the replica sweep; () runs none
 
 
 def percentiles(values: Sequence[float], keys: dict[str, float], scale: float = 1000.0) -> dict[str, float | None]:
@@ -50,8 +53,7 @@ def percentiles(values: Sequence[float], keys: dict[str, float], scale: float = 
     return {key: round(ordered[min(last, int(q * len(ordered)))] * scale, 3) for key, q in keys.items()}
 
 
-WRITE_KEYS = {"p50": 0.50, "p95": 0.95, "p99": 0.99, "max": 1.0}
-E2E_KEYS = {"p50": 0.50, "p95": 0.95, "p99": 0.99, "p999": 0.999, "max": 1.0}
+LATENCY_KEYS = {"p50": 0.50, "p95": 0.95, "p99": 0.99, "p999": 0.999, "max": 1.0}
 CDF_KEYS = {str(i): i / 100 for i in range(101)}  # for the plot: the latency at each percent
 
 
@@ -86,6 +88,7 @@ def run(config: Config, say: Callable[[str], None] = print) -> dict[str, Any]:
         "pgbench_notify_tps": None,
         "runs": [],
         "ws": None,
+        "replica": None,
     }
     for mode in config.modes:
         report["runs"].append(run_mode(config, mode, say))
@@ -97,16 +100,50 @@ def run(config: Config, say: Callable[[str], None] = print) -> dict[str, Any]:
         from .ws import run_ws
 
         report["ws"] = run_ws(config, say)
+    if config.replica_writers:
+        report["replica"] = run_replica(config, say)
     return report
 
 
+def run_replica(config: Config, say: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Each synchronous_commit level at each of ``config.replica_writers`` writer counts, in
+    buffered mode: writers on a primary whose synchronous standby the readers read from (a pair
+    built from the embedded binaries for this run, see ``replica.py``)."""
+    from .replica import ReplicaPair, installed
+
+    rows = []
+    say("replica: building a primary and a synchronous streaming standby")
+    with ReplicaPair() as pair, installed(pair, "pgstreams_bench") as (primary, standby):
+        for level in SYNCHRONOUS_COMMIT_LEVELS:
+            for writers in config.replica_writers:
+                say(f"replica, synchronous_commit = {level}:")
+                with _pgstreams_settings(DATABASE=primary, READ_DATABASE=standby, SYNCHRONOUS_COMMIT=level):
+                    run = run_mode(replace(config, writers=writers), "buffered", say)
+                rows.append({"level": level, **{key: run[key] for key in REPLICA_KEYS}})
+    return rows
+
+
+REPLICA_KEYS = ("writers", "writes_per_s", "write_ms", "e2e_ms", "written", "coverage", "duplicates", "out_of_order")
+
+
+@contextlib.contextmanager
+def _pgstreams_settings(**values: Any) -> Iterator[None]:
+    """settings.PGSTREAMS with ``values`` on top, for the block (the children get it by Boot)."""
+    saved = getattr(settings, "PGSTREAMS", None)
+    settings.PGSTREAMS = {**(saved or {}), "LISTEN_DATABASE": None, **values}
+    try:
+        yield
+    finally:
+        settings.PGSTREAMS = saved
+
+
 def boot(mode: str) -> procs.Boot:
-    alias = conf.database()
     notify_mode = "off" if mode == "insert_only" else mode
+    aliases = {conf.database(), conf.read_database(), conf.listen_database()}
     return procs.Boot(
         settings_module=os.environ.get("DJANGO_SETTINGS_MODULE", settings.SETTINGS_MODULE),
-        alias=alias,
-        database=dict(connections[alias].settings_dict),
+        alias=conf.database(),
+        databases={alias: dict(connections[alias].settings_dict) for alias in aliases},
         pgstreams={**(getattr(settings, "PGSTREAMS", None) or {}), "NOTIFY_MODE": notify_mode},
     )
 
@@ -232,8 +269,8 @@ def summarize(
         "written": written,
         "write_errors": sum(w.errors for w in writers),
         "writes_per_s": round(written / span, 1),
-        "write_ms": percentiles(latencies, WRITE_KEYS),
-        "e2e_ms": percentiles(e2e, E2E_KEYS),
+        "write_ms": percentiles(latencies, LATENCY_KEYS),
+        "e2e_ms": percentiles(e2e, LATENCY_KEYS),
         "e2e_cdf_ms": list(percentiles(e2e, CDF_KEYS).values()) if e2e else [],
         "coverage": round(len(e2e) / expected, 6) if expected else None,
         "duplicates": sum(r.duplicates for r in readers),

@@ -18,7 +18,7 @@ from typing import Any
 import psutil
 
 from . import procs
-from .run import E2E_KEYS, Config, boot, cleanup, create_streams, drive, percentiles, spread, writer_processes
+from .run import LATENCY_KEYS, Config, boot, cleanup, create_streams, drive, percentiles, spread, writer_processes
 
 
 def _free_port() -> int:
@@ -113,7 +113,7 @@ def run_ws(config: Config, say: Callable[[str], None] = print) -> dict[str, Any]
         "writers": config.writers,
         "written": sum(len(c) for c in commits.values()),
         "delivered_per_s": round(len(e2e) / span, 1) if span else 0.0,
-        "e2e_ms": percentiles(e2e, E2E_KEYS),
+        "e2e_ms": percentiles(e2e, LATENCY_KEYS),
         "coverage": round(len(e2e) / expected, 6) if expected else None,
         "duplicates": sum(r.duplicates for r in received),
         "out_of_order": sum(r.out_of_order for r in received),

@@ -12,7 +12,10 @@ from pgstreams.bench.run import MODES, Config, run
 
 
 class Command(BaseCommand):
-    help = "Measure writes/s and delivery latency per notification mode, with the pgbench ceiling."
+    help = (
+        "Measure writes/s and delivery latency per notification mode, with the pgbench ceiling; "
+        "or, with --replica, per synchronous_commit level against a streaming standby."
+    )
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--mode", default="all", choices=["all", *MODES])
@@ -26,6 +29,17 @@ class Command(BaseCommand):
         parser.add_argument("--ws", action="store_true", help="also run the WebSocket mode")
         parser.add_argument("--clients", type=int, default=50, help="WebSocket clients in --ws mode")
         parser.add_argument("--no-pgbench", action="store_true", help="skip the pgbench ceiling")
+        parser.add_argument(
+            "--replica",
+            action="store_true",
+            help="instead of the modes: each synchronous_commit level against a synchronous standby "
+            "built from the embedded PostgreSQL, readers on the standby",
+        )
+        parser.add_argument(
+            "--replica-writers",
+            default="16,32,64",
+            help="writer counts for --replica, comma-separated (default 16,32,64)",
+        )
         parser.add_argument("--json", dest="json_path", help="write the report as JSON here")
         parser.add_argument("--plot", dest="plot_path", help="write the plot as PNG here")
 
@@ -35,8 +49,14 @@ class Command(BaseCommand):
                 raise CommandError(f"--{name.replace('_', '-')} must be at least {0 if name == 'readers' else 1}")
         if o["duration"] <= 0 or (o["rate"] is not None and o["rate"] <= 0):
             raise CommandError("--duration and --rate must be positive")
+        try:
+            replica_writers = tuple(int(n) for n in o["replica_writers"].split(","))
+        except ValueError:
+            replica_writers = ()
+        if not replica_writers or min(replica_writers) < 1:
+            raise CommandError("--replica-writers must be positive whole numbers separated by commas, such as 16,32,64")
         config = Config(
-            modes=MODES if o["mode"] == "all" else (o["mode"],),
+            modes=() if o["replica"] else MODES if o["mode"] == "all" else (o["mode"],),
             writers=o["writers"],
             writer_processes=o["writer_processes"],
             streams_per_writer=o["streams_per_writer"],
@@ -46,7 +66,8 @@ class Command(BaseCommand):
             rate=o["rate"],
             ws=o["ws"],
             clients=o["clients"],
-            pgbench=not o["no_pgbench"],
+            pgbench=not (o["no_pgbench"] or o["replica"]),
+            replica_writers=replica_writers if o["replica"] else (),
         )
         report = run(config, say=lambda line: self.stdout.write(line))
         self.stdout.write(table(report))
