@@ -1,5 +1,6 @@
 """The per-process listener: one LISTEN connection, one fetch connection and the fallback poll,
-shared by every reader, sync or async, in the process.
+shared by every reader, sync or async, in the process. With READ_DATABASE the fetch connection
+goes to a standby, and a third one asks the primary about streams readers start on.
 
 It runs an asyncio loop in one named daemon thread. For each stream that readers here follow it
 keeps a ``Tail``: a bounded window of the chunks fetched last, and the highest offset announced.
@@ -161,6 +162,7 @@ class Listener:
         self._tails: dict[uuid.UUID, Tail] = {}
         self._requests: dict[tuple[uuid.UUID, int], list[concurrent.futures.Future[Page]]] = {}
         self._kicked = False
+        self._behind_pending = False  # a _fetch_behind() is scheduled
         self._stopped = False
         self.stats: Counter[str] = Counter()
         self.listening = threading.Event()  # set while LISTEN is in effect
@@ -358,7 +360,9 @@ class Listener:
                 self.stats["fetches"] += 1
                 if self._deliver(pages, polled) or waiting:
                     self.stats["read_behind"] += 1
-                    self._loop.call_later(behind.next(), self._fetch_behind)
+                    if not self._behind_pending:  # one retry pending at a time
+                        self._behind_pending = True
+                        self._loop.call_later(behind.next(), self._fetch_behind)
                 else:
                     behind.reset()
         finally:
@@ -387,6 +391,7 @@ class Listener:
 
     def _fetch_behind(self) -> None:
         """Fetch again the tails that are announced further than the read database showed."""
+        self._behind_pending = False
         with self._lock:
             for tail in self._tails.values():
                 if tail.waiters and tail.wants_fetch() and tail.start is not None:

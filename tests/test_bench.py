@@ -77,6 +77,7 @@ def test_a_tiny_replica_sweep(tmp_path) -> None:
         assert row["written"] > 0 and row["writes_per_s"] > 0
         assert row["coverage"] == 1.0 and row["duplicates"] == 0 and row["out_of_order"] == 0
         assert set(row["write_ms"]) == set(row["e2e_ms"]) == {"p50", "p95", "p99", "p999", "max"}
+        assert 0 <= row["fetches_behind"] <= 1
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "remote_write/on" in done.stdout
 

@@ -138,6 +138,7 @@ class ReaderResult:
     backends: int = 0
     polls: int = 0
     fetches: int = 0
+    behind: int = 0  # fetches that found READ_DATABASE behind what was announced
     fetch_seconds: float = 0.0
     elapsed: float = 0.0
     error: str = ""
@@ -186,6 +187,7 @@ async def _read_all(boot: Boot, stream_ids: list[str], fanout: int, timeout: flo
     result.elapsed = time.monotonic() - measured_from
     result.polls = hub.stats["polls"] - before["polls"]
     result.fetches = hub.stats["fetches"] - before["fetches"]
+    result.behind = hub.stats["read_behind"] - before["read_behind"]
     result.fetch_seconds = hub.stats["fetch_seconds"] - before["fetch_seconds"]
     result.backends = await asyncio.to_thread(_own_backends, boot.alias)
     return result

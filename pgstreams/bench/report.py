@@ -54,7 +54,7 @@ def replica_table(rows: list[dict[str, Any]]) -> str:
     """The replica sweep: a line per (level, writers), then the throughput ratios between levels."""
     head = (
         f"{'level':<14}{'writers':>8}{'writes/s':>10}{'write p50':>10}{'p95':>7}{'p99':>7}{'p99.9':>7}"
-        f"{'e2e p50':>9}{'p99':>7}{'p99.9':>7}{'coverage':>10}{'dup':>5}"
+        f"{'e2e p50':>9}{'p99':>7}{'p99.9':>7}{'behind':>8}{'coverage':>10}{'dup':>5}"
     )
     lines = [head, "-" * len(head)]
     for row in rows:
@@ -63,9 +63,12 @@ def replica_table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"{row['level']:<14}{row['writers']:>8}{row['writes_per_s']:>10.0f}{_ms(w['p50']):>10}{_ms(w['p95']):>7}"
             f"{_ms(w['p99']):>7}{_ms(w['p999']):>7}{_ms(e['p50']):>9}{_ms(e['p99']):>7}{_ms(e['p999']):>7}"
-            f"{coverage:>10}{row['duplicates']:>5}"
+            f"{row['fetches_behind']:>8.1%}{coverage:>10}{row['duplicates']:>5}"
         )
-    lines.append("(latencies in ms; write = the write() call, e2e = its return to receipt by a reader on the standby)")
+    lines.append(
+        "(latencies in ms; write = the write() call, e2e = its return to receipt by a reader on the standby; "
+        "behind = readers' fetches that found the standby behind what was announced)"
+    )
     rate = {(row["level"], row["writers"]): row["writes_per_s"] for row in rows}
     for writers in sorted({row["writers"] for row in rows}):
         ratios = [

@@ -123,7 +123,17 @@ def run_replica(config: Config, say: Callable[[str], None] = print) -> list[dict
     return rows
 
 
-REPLICA_KEYS = ("writers", "writes_per_s", "write_ms", "e2e_ms", "written", "coverage", "duplicates", "out_of_order")
+REPLICA_KEYS = (
+    "writers",
+    "writes_per_s",
+    "write_ms",
+    "e2e_ms",
+    "written",
+    "coverage",
+    "duplicates",
+    "out_of_order",
+    "fetches_behind",
+)
 
 
 @contextlib.contextmanager
@@ -280,6 +290,7 @@ def summarize(
         "poll_queries_per_s": round(sum(r.polls for r in readers) / elapsed, 2),
         "poll_queries_per_s_per_process": [round(r.polls / (r.elapsed or 1.0), 2) for r in readers],
         "fetch_queries_per_s": round(sum(r.fetches for r in readers) / elapsed, 1),
+        "fetches_behind": round(sum(r.behind for r in readers) / max(1, sum(r.fetches for r in readers)), 4),
         "fetch_ms_mean": round(
             1000 * sum(r.fetch_seconds for r in readers) / max(1, sum(r.fetches for r in readers)), 2
         ),
