@@ -123,7 +123,8 @@ def plot(report: dict[str, Any], path: str) -> None:
 
 
 def plot_replica(report: dict[str, Any], path: str) -> None:
-    """Per synchronous_commit level: writes/s against writers, and write latency percentiles."""
+    """Per synchronous_commit level: writes/s and standby readers' latency against writers, and
+    write latency percentiles at the most writers."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -131,15 +132,21 @@ def plot_replica(report: dict[str, Any], path: str) -> None:
 
     rows = report["replica"]
     levels = list(dict.fromkeys(row["level"] for row in rows))
-    fig, (rate, tail) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (rate, e2e, tail) = plt.subplots(1, 3, figsize=(16, 4.8))
     for level in levels:
         mine = [row for row in rows if row["level"] == level]
-        rate.plot([r["writers"] for r in mine], [r["writes_per_s"] for r in mine], marker="o", label=level)
-    rate.set_xlabel("writers")
+        writers = [r["writers"] for r in mine]
+        rate.plot(writers, [r["writes_per_s"] for r in mine], marker="o", label=level)
+        e2e.plot(writers, [r["e2e_ms"]["p50"] for r in mine], marker="o", label=level)
     rate.set_ylabel("writes/s")
-    rate.set_title("Throughput per level")
-    rate.grid(True, alpha=0.3)
-    rate.legend()
+    rate.set_title("Throughput")
+    e2e.set_yscale("log")
+    e2e.set_ylabel("ms, log scale")
+    e2e.set_title("Readers on the standby: e2e p50")
+    for ax in (rate, e2e):
+        ax.set_xlabel("writers")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize="small")
 
     most = max(row["writers"] for row in rows)
     at_most = {row["level"]: row["write_ms"] for row in rows if row["writers"] == most}
@@ -148,11 +155,12 @@ def plot_replica(report: dict[str, Any], path: str) -> None:
     for i, key in enumerate(keys):
         xs = [j + (i - (len(keys) - 1) / 2) * width for j in range(len(levels))]
         tail.bar(xs, [at_most[level][key] or 0 for level in levels], width, label=key)
-    tail.set_xticks(range(len(levels)), levels)
+    tail.set_xticks(range(len(levels)), levels, fontsize="small")
     tail.set_yscale("log")
+    tail.set_ylim(top=tail.get_ylim()[1] * 4)  # room for the legend above the bars
     tail.set_ylabel("write() latency (ms, log scale)")
     tail.set_title(f"Write latency at {most} writers")
-    tail.legend()
+    tail.legend(ncol=4, fontsize="small", loc="upper center")
     fig.suptitle(
         f"synchronous_commit levels, one synchronous standby on the same host; "
         f"{report['machine']['cpus']} CPUs, PostgreSQL {report['machine']['postgres']}"
