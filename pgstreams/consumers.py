@@ -107,6 +107,7 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
                         self.unacked.append((self.position, size))
                         self.unacked_bytes += size
             await self.send_json({"type": "end", "next_offset": self.position})
+            await self.drained()
             await self.close(code=1000)
         except asyncio.CancelledError:
             raise
@@ -123,6 +124,19 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
         while self.position - self.acked_to >= WINDOW_CHUNKS or self.unacked_bytes >= WINDOW_BYTES:
             self.acked.clear()
             await asyncio.wait_for(self.acked.wait(), ACK_TIMEOUT)
+
+    async def drained(self) -> None:
+        """Wait, at most ACK_TIMEOUT, until the client has acknowledged every chunk or closed.
+
+        Closing at once would be unsafe for a client still reading: daphne aborts a connection
+        whose client has not answered the close within a second, and the abort discards what the
+        client had not read yet, the end frame included.
+        """
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(ACK_TIMEOUT):
+                while self.acked_to < self.position:
+                    self.acked.clear()
+                    await self.acked.wait()
 
     # -- client to server ----------------------------------------------------------------------
 

@@ -23,14 +23,14 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.faults]
 
 
 @pytest.fixture
-def on_the_pair(replica) -> Iterator[tuple[Any, str, str]]:
+def on_the_pair(replica) -> Iterator[Any]:
     """pgstreams writes to the pair's primary and reads from its standby; the listener and the
-    flusher are started inside the test, so they connect to the pair."""
+    flusher are started inside the test, so they connect to the pair. Yields the pair."""
     pair, primary, standby = replica
     listener.stop_listener()
     notify.stop_flusher()
     with override_settings(PGSTREAMS={"DATABASE": primary, "READ_DATABASE": standby, "POLL_INTERVAL": 60}):
-        yield replica
+        yield pair
         listener.stop_listener()
         notify.stop_flusher()
 
@@ -131,7 +131,7 @@ class Reader(threading.Thread):
 
 
 def test_readers_on_a_lagging_standby_get_every_chunk_in_order_and_never_end_early(on_the_pair) -> None:
-    pair, primary, standby = on_the_pair
+    pair = on_the_pair
     chunks = [f"chunk {i} " for i in range(100)]
     s = pgstreams.create_stream()
     pgstreams.write_many(s, chunks[:3])
@@ -179,7 +179,7 @@ def test_readers_on_a_lagging_standby_get_every_chunk_in_order_and_never_end_ear
 
 
 def test_every_level_is_accepted_on_the_pair(on_the_pair) -> None:
-    pair, primary, _ = on_the_pair
+    pair = on_the_pair
     s = pgstreams.create_stream()
     for level in SYNCHRONOUS_COMMIT_LEVELS:
         pgstreams.write(s, level, synchronous_commit=level)

@@ -32,14 +32,19 @@ async def connect(stream_id: Any, query: str = "", user: Any = None) -> Websocke
     return communicator
 
 
-async def receive_all(communicator: WebsocketCommunicator, timeout: float = 5) -> tuple[list[dict], int]:
-    """Every frame until the socket closes; returns (frames, close code)."""
+async def receive_all(
+    communicator: WebsocketCommunicator, timeout: float = 5, ack: bool = True
+) -> tuple[list[dict], int]:
+    """Every frame until the socket closes, acknowledging chunks as a client does (unless
+    ``ack`` is false); returns (frames, close code)."""
     frames = []
     while True:
         message = await communicator.receive_output(timeout)
         if message["type"] == "websocket.close":
             return frames, message.get("code", 1000)
         frames.append(json.loads(message["text"]))
+        if ack and frames[-1]["type"] == "chunks":
+            await communicator.send_json_to({"type": "ack", "offset": frames[-1]["items"][-1]["offset"]})
 
 
 def offsets(frames: list[dict]) -> list[tuple[int, str]]:
@@ -58,6 +63,7 @@ async def test_sends_available_chunks_in_one_frame_then_live_then_end() -> None:
     }
     await pgstreams.awrite(s.id, "d")
     assert (await ws.receive_json_from(5))["items"] == [{"offset": 3, "data": "d"}]
+    await ws.send_json_to({"type": "ack", "offset": 3})
     await pgstreams.aclose(s.id)
     frames, code = await receive_all(ws)
     assert frames == [{"type": "end", "next_offset": 4}] and code == 1000
@@ -147,6 +153,20 @@ async def test_a_client_that_does_not_ack_gets_one_window_then_resumes_after_an_
     assert rest[-1] == {"type": "end", "next_offset": total} and code == 1000
 
 
+async def test_after_the_end_frame_the_server_closes_once_the_client_has_acknowledged_everything() -> None:
+    # Closing at once would let daphne abort a slow client's connection, losing frames it had
+    # not read yet (the end frame among them).
+    s = await pgstreams.acreate_stream()
+    await pgstreams.awrite_many(s.id, ["a", "b"])
+    await pgstreams.aclose(s.id)
+    ws = await connect(s.id)
+    assert offsets([await ws.receive_json_from(5)]) == [(0, "a"), (1, "b")]
+    assert await ws.receive_json_from(5) == {"type": "end", "next_offset": 2}
+    assert await ws.receive_nothing(0.5)  # not closed while chunks are unacknowledged
+    await ws.send_json_to({"type": "ack", "offset": 1})
+    assert (await ws.receive_output(5)) == {"type": "websocket.close", "code": 1000}
+
+
 @pytest.mark.parametrize(
     ("send", "fragment"),
     [
@@ -189,7 +209,7 @@ async def test_a_client_silent_with_a_full_window_is_closed_with_4408(monkeypatc
     monkeypatch.setattr(consumers, "WINDOW_CHUNKS", 10)
     s = await pgstreams.acreate_stream()
     await pgstreams.awrite_many(s.id, [str(i) for i in range(25)])
-    frames, code = await receive_all(await connect(s.id))
+    frames, code = await receive_all(await connect(s.id), ack=False)
     assert len(offsets(frames)) == 10
     assert code == 4408 and "?from=0" in frames[-1]["message"]
 

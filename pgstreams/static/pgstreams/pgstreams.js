@@ -90,6 +90,8 @@
         this._ack(ws);
       } else if (message.type === "end") {
         this.finished = true;
+        clearTimeout(this.ackTimer);
+        ws.close(1000); // the client closes: nothing is left for it to read
         this.onStatus("done");
         this.onEnd(message.next_offset);
       } else if (message.type === "error") {
