@@ -201,8 +201,7 @@ def installed(pair: ReplicaPair, prefix: str) -> Iterator[tuple[str, str]]:
         yield aliases
     finally:
         for alias in aliases:
-            if hasattr(connections._connections, alias):
-                connections[alias].close()
-                delattr(connections._connections, alias)
+            connections[alias].close()
+            del connections[alias]  # this thread's wrapper; other threads closed theirs
             connections.settings.pop(alias, None)
             settings.DATABASES.pop(alias, None)  # often the same dict
