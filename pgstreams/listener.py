@@ -443,7 +443,7 @@ class Listener:
                     if page.next_offset > tail.end:
                         tail.dirty = True  # the page was full: the next one is there now
                         self._work.set()
-                    else:
+                    elif not tail.dirty:  # (dirty: announced since this fetch began; fetched next)
                         behind = True  # a standby that has not replayed what was announced
                 if moved:
                     wake.extend(tail.waiters.items())
