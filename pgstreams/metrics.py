@@ -81,6 +81,11 @@ def _families(flushed: Any, seen: Any, depth: int) -> Iterator[Any]:
             seen.get("poll_found", 0),
         ),
         ("pgstreams_fetches", "Fetch queries run by the listener.", seen.get("fetches", 0)),
+        (
+            "pgstreams_read_behind",
+            "Fetches that found READ_DATABASE behind what was announced (then asked again).",
+            seen.get("read_behind", 0),
+        ),
     ):
         yield CounterMetricFamily(name, documentation, value=value)
     yield GaugeMetricFamily("pgstreams_buffer_depth", "Streams waiting in the notification buffer.", value=depth)

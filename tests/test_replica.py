@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from django.db import connections
 from django.test import override_settings
+from prometheus_client import REGISTRY
 
 import pgstreams
 from pgstreams import listener, notify
@@ -171,6 +172,7 @@ def test_readers_on_a_lagging_standby_get_every_chunk_in_order_and_never_end_ear
     assert resumer.got == list(enumerate(chunks))[40:]
     assert late_reader.got == [(0, "a"), (1, "b")]
     assert hub.stats["read_behind"] > 0  # the listener asked the standby again until it caught up
+    assert REGISTRY.get_sample_value("pgstreams_read_behind_total") == hub.stats["read_behind"]
     # The chunks came from the standby: the fetcher is connected there, LISTEN on the primary.
     with pair.connect("standby") as conn:
         names = {n for (n,) in conn.execute("SELECT application_name FROM pg_stat_activity").fetchall()}
