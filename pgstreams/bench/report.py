@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
@@ -9,25 +10,62 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def _coverage(row: dict[str, Any]) -> str:
+    return "-" if row["coverage"] is None else f"{row['coverage']:.4f}"
+
+
+# A column: its title, its width (the first column is left-aligned) and its cell for a row.
+Column = tuple[str, int, Callable[[dict[str, Any]], str]]
+
+RUN_COLUMNS: list[Column] = [
+    ("mode", 12, lambda r: r["mode"]),
+    ("writes/s", 10, lambda r: f"{r['writes_per_s']:.0f}"),
+    ("write p50", 10, lambda r: _ms(r["write_ms"]["p50"])),
+    ("p99", 8, lambda r: _ms(r["write_ms"]["p99"])),
+    ("e2e p50", 9, lambda r: _ms(r["e2e_ms"]["p50"])),
+    ("p99", 8, lambda r: _ms(r["e2e_ms"]["p99"])),
+    ("p99.9", 8, lambda r: _ms(r["e2e_ms"]["p999"])),
+    ("max", 8, lambda r: _ms(r["e2e_ms"]["max"])),
+    ("coverage", 10, _coverage),
+    ("dup", 5, lambda r: str(r["duplicates"])),
+    ("ooo", 5, lambda r: str(r["out_of_order"])),
+    ("backends", 9, lambda r: str(r["reader_backends"])),
+    ("polls/s", 8, lambda r: f"{r['poll_queries_per_s']:.2f}"),
+]
+
+REPLICA_COLUMNS: list[Column] = [
+    ("level", 14, lambda r: r["level"]),
+    ("writers", 8, lambda r: str(r["writers"])),
+    ("writes/s", 10, lambda r: f"{r['writes_per_s']:.0f}"),
+    ("write p50", 10, lambda r: _ms(r["write_ms"]["p50"])),
+    ("p95", 7, lambda r: _ms(r["write_ms"]["p95"])),
+    ("p99", 7, lambda r: _ms(r["write_ms"]["p99"])),
+    ("p99.9", 7, lambda r: _ms(r["write_ms"]["p999"])),
+    ("e2e p50", 9, lambda r: _ms(r["e2e_ms"]["p50"])),
+    ("p99", 7, lambda r: _ms(r["e2e_ms"]["p99"])),
+    ("p99.9", 7, lambda r: _ms(r["e2e_ms"]["p999"])),
+    ("behind", 8, lambda r: f"{r['fetches_behind']:.1%}"),
+    ("coverage", 10, _coverage),
+    ("dup", 5, lambda r: str(r["duplicates"])),
+]
+
+
+def _grid(columns: list[Column], rows: list[dict[str, Any]]) -> list[str]:
+    """A header, a rule and a fixed-width line per row."""
+
+    def line(cells: list[str]) -> str:
+        widths = [width for _, width, _ in columns]
+        return f"{cells[0]:<{widths[0]}}" + "".join(f"{c:>{w}}" for c, w in zip(cells[1:], widths[1:], strict=True))
+
+    head = line([title for title, _, _ in columns])
+    return [head, "-" * len(head)] + [line([cell(row) for _, _, cell in columns]) for row in rows]
+
+
 def table(report: dict[str, Any]) -> str:
     """The runs as a fixed-width table, with the pgbench ceiling and ratios below it."""
     if report.get("replica"):
         return replica_table(report["replica"])
-    head = (
-        f"{'mode':<12}{'writes/s':>10}{'write p50':>10}{'p99':>8}{'e2e p50':>9}{'p99':>8}{'p99.9':>8}{'max':>8}"
-        f"{'coverage':>10}{'dup':>5}{'ooo':>5}{'backends':>9}{'polls/s':>8}"
-    )
-    lines = [head, "-" * len(head)]
-    ms = _ms
-    for run in report["runs"]:
-        w, e = run["write_ms"], run["e2e_ms"]
-        coverage = "-" if run["coverage"] is None else f"{run['coverage']:.4f}"
-        lines.append(
-            f"{run['mode']:<12}{run['writes_per_s']:>10.0f}{ms(w['p50']):>10}{ms(w['p99']):>8}"
-            f"{ms(e['p50']):>9}{ms(e['p99']):>8}{ms(e['p999']):>8}{ms(e['max']):>8}"
-            f"{coverage:>10}{run['duplicates']:>5}{run['out_of_order']:>5}{run['reader_backends']:>9}"
-            f"{run['poll_queries_per_s']:>8.2f}"
-        )
+    lines = _grid(RUN_COLUMNS, report["runs"])
     lines.append("(latencies in ms; backends and polls/s summed over the reader processes)")
     if report.get("pgbench_tps") is not None:
         lines.append(
@@ -44,7 +82,7 @@ def table(report: dict[str, Any]) -> str:
         e = ws["e2e_ms"]
         lines.append(
             f"WebSocket: {ws['clients']} clients, {ws['delivered_per_s']:.0f} chunks/s delivered, "
-            f"e2e p50 {ms(e['p50'])} p99 {ms(e['p99'])} max {ms(e['max'])} ms, coverage {ws['coverage']:.4f}, "
+            f"e2e p50 {_ms(e['p50'])} p99 {_ms(e['p99'])} max {_ms(e['max'])} ms, coverage {ws['coverage']:.4f}, "
             f"server peak memory {ws['server_peak_mib']:.0f} MiB"
         )
     return "\n".join(lines)
@@ -52,19 +90,7 @@ def table(report: dict[str, Any]) -> str:
 
 def replica_table(rows: list[dict[str, Any]]) -> str:
     """The replica sweep: a line per (level, writers), then the throughput ratios between levels."""
-    head = (
-        f"{'level':<14}{'writers':>8}{'writes/s':>10}{'write p50':>10}{'p95':>7}{'p99':>7}{'p99.9':>7}"
-        f"{'e2e p50':>9}{'p99':>7}{'p99.9':>7}{'behind':>8}{'coverage':>10}{'dup':>5}"
-    )
-    lines = [head, "-" * len(head)]
-    for row in rows:
-        w, e = row["write_ms"], row["e2e_ms"]
-        coverage = "-" if row["coverage"] is None else f"{row['coverage']:.4f}"
-        lines.append(
-            f"{row['level']:<14}{row['writers']:>8}{row['writes_per_s']:>10.0f}{_ms(w['p50']):>10}{_ms(w['p95']):>7}"
-            f"{_ms(w['p99']):>7}{_ms(w['p999']):>7}{_ms(e['p50']):>9}{_ms(e['p99']):>7}{_ms(e['p999']):>7}"
-            f"{row['fetches_behind']:>8.1%}{coverage:>10}{row['duplicates']:>5}"
-        )
+    lines = _grid(REPLICA_COLUMNS, rows)
     lines.append(
         "(latencies in ms; write = the write() call, e2e = its return to receipt by a reader on the standby; "
         "behind = readers' fetches that found the standby behind what was announced)"

@@ -138,7 +138,8 @@ REPLICA_KEYS = (
 
 @contextlib.contextmanager
 def _pgstreams_settings(**values: Any) -> Iterator[None]:
-    """settings.PGSTREAMS with ``values`` on top, for the block (the children get it by Boot)."""
+    """settings.PGSTREAMS with ``values`` on top, for the block (the children get it by Boot).
+    LISTEN_DATABASE is reset: the project's own listener alias is not the benchmark's database."""
     saved = getattr(settings, "PGSTREAMS", None)
     settings.PGSTREAMS = {**(saved or {}), "LISTEN_DATABASE": None, **values}
     try:
