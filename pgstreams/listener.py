@@ -44,6 +44,8 @@ WINDOW_CHUNKS: Final = 2048
 WINDOW_CHARS: Final = 1 << 20
 # Chunks handed to a reader at once.
 BATCH: Final = 256
+# Offsets are bigint: the highest one a stream can have.
+MAX_OFFSET: Final = 2**63 - 1
 
 # One snapshot gives each stream's state and the chunks from the wanted offset, so "closed, and
 # next_offset is N" and "every chunk below N is here" are seen together.
@@ -111,6 +113,7 @@ class Tail:
     close_hinted: bool = False
     final: int | None = None  # next_offset once the stream is known to be closed
     gone: bool = False  # the stream was deleted
+    failure: StreamError | None = None  # the database refused to fetch this tail
     dirty: bool = False
     polled: bool = False
     waiters: dict[asyncio.AbstractEventLoop | None, Waiter] = field(default_factory=dict)
@@ -203,6 +206,8 @@ class Listener:
             if start is not None and start <= pos < tail.end:
                 i = pos - start
                 return tail.window[i : i + BATCH]
+            if tail.failure is not None:
+                raise StreamError(str(tail.failure)) from tail.failure.__cause__
             if tail.final is not None and pos >= tail.final:
                 return END
             if start is None or pos < start:
@@ -340,7 +345,7 @@ class Listener:
                     continue
                 try:
                     began = time.monotonic()
-                    pages = await _fetch(await conns.read(), keys)
+                    pages = await self._fetch_pages(await conns.read(), keys)
                     waiting = await self._confirm_on_primary(conns, keys, pages) if conns.standby else False
                     self.stats["fetch_seconds"] += time.monotonic() - began
                 except asyncio.CancelledError:
@@ -367,6 +372,50 @@ class Listener:
                     behind.reset()
         finally:
             await conns.close()
+
+    async def _fetch_pages(
+        self, conn: psycopg.AsyncConnection[Any], keys: list[tuple[uuid.UUID, int]]
+    ) -> dict[tuple[uuid.UUID, int], Page]:
+        """Fetch every key in one query. When the database refuses the query itself (not the
+        connection: a value out of range, a row the client cannot load), fetch key by key, and
+        fail only the readers of the keys refused alone."""
+        try:
+            return await _fetch(conn, keys)
+        except psycopg.DatabaseError as exc:
+            if isinstance(exc, psycopg.OperationalError) or conn.broken:
+                raise
+            self.stats["fetch_errors"] += 1
+            logger.warning(
+                "pgstreams: the database refused a fetch of %d page(s), fetching them one by one: %s", len(keys), exc
+            )
+        pages: dict[tuple[uuid.UUID, int], Page] = {}
+        for key in keys:
+            try:
+                pages.update(await _fetch(conn, [key]))
+            except psycopg.DatabaseError as exc:
+                if isinstance(exc, psycopg.OperationalError) or conn.broken:
+                    raise
+                self._refuse(key, exc)
+        return pages
+
+    def _refuse(self, key: tuple[uuid.UUID, int], exc: Exception) -> None:
+        """Fail the readers waiting for a page the database refuses to give; no one else."""
+        stream_id, offset = key
+        logger.warning("pgstreams: cannot read stream %s from offset %d: %s", stream_id, offset, exc)
+        error = StreamError(f"reading stream {stream_id} from offset {offset} failed: {exc}")
+        error.__cause__ = exc
+        wake: list[tuple[asyncio.AbstractEventLoop | None, Waiter]] = []
+        with self._lock:
+            futures = self._requests.pop(key, [])
+            tail = self._tails.get(stream_id)
+            if tail is not None and tail.start is not None and tail.end == offset:
+                tail.failure = error
+                del self._tails[stream_id]  # readers that attach later start afresh
+                wake.extend(tail.waiters.items())
+                tail.waiters.clear()
+        for future in futures:
+            _resolve(future, error)
+        _wake(wake)
 
     async def _confirm_on_primary(
         self, conns: _FetchConnections, keys: list[tuple[uuid.UUID, int]], pages: dict[tuple[uuid.UUID, int], Page]

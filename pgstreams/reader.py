@@ -17,15 +17,15 @@ from typing import Any
 
 from . import metrics
 from .exceptions import ReadTimeout, StreamError, StreamNotFound
-from .listener import END, Page, StreamChunk, get_listener
+from .listener import END, MAX_OFFSET, Page, StreamChunk, get_listener
 from .writer import stream_uuid
 
 
 def _start_offset(from_offset: Any) -> int:
     if isinstance(from_offset, bool) or not isinstance(from_offset, int):
         raise TypeError(f"from_offset must be an int, not {type(from_offset).__name__}")
-    if from_offset < 0:
-        raise ValueError(f"from_offset must be 0 or more, not {from_offset}")
+    if not 0 <= from_offset <= MAX_OFFSET:
+        raise ValueError(f"from_offset must be between 0 and {MAX_OFFSET} (offsets are bigint), not {from_offset}")
     return from_offset
 
 

@@ -99,7 +99,7 @@ def test_bad_arguments_and_unknown_streams() -> None:
     with pytest.raises(pgstreams.StreamNotFound, match="not a stream id"):
         pgstreams.read("not-a-uuid")
     s = pgstreams.create_stream()
-    with pytest.raises(ValueError, match="0 or more"):
+    with pytest.raises(ValueError, match="between 0 and"):
         pgstreams.read(s.id, from_offset=-1)
     with pytest.raises(TypeError):
         pgstreams.read(s.id, from_offset="3")
@@ -233,3 +233,75 @@ async def test_a_reader_cancelled_while_its_page_is_fetched_breaks_nothing() -> 
         await pgstreams.aclose(s.id)
         assert [c.data async for c in pgstreams.aread(s.id, timeout=5)] == ["x"]
     assert hub.stats["restarts"] == 0
+
+
+async def test_an_offset_beyond_bigint_is_refused_before_it_reaches_the_listener() -> None:
+    s = await pgstreams.acreate_stream()
+    with pytest.raises(ValueError, match="bigint"):
+        pgstreams.read(s.id, from_offset=2**63)
+    with pytest.raises(ValueError, match="bigint"):
+        await anext(pgstreams.aread(s.id, from_offset=2**63))
+    await pgstreams.aclose(s.id)
+    assert [c async for c in pgstreams.aread(s.id, from_offset=2**63 - 1, timeout=5)] == []
+
+
+def _follow_while_writing(healthy, poisoned_read) -> tuple[list[str], BaseException | None]:
+    """Read ``healthy`` in a thread while chunks are written to it and ``poisoned_read`` runs
+    here; return what the healthy reader got and what the poisoned read raised."""
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.extend(c.data for c in pgstreams.read(healthy.id, timeout=10)))
+    reader.start()
+    pgstreams.write(healthy.id, "before")
+    try:
+        poisoned_read()
+    except BaseException as exc:  # noqa: BLE001 - returned to the test, which checks it
+        raised = exc
+    else:
+        raised = None
+    for i in range(20):
+        pgstreams.write(healthy.id, f"after{i}")
+    pgstreams.close(healthy.id)
+    reader.join(15)
+    return got, raised
+
+
+def test_a_request_the_server_rejects_fails_only_the_reader_that_made_it() -> None:
+    # Below the API's check, a page the server refuses ("bigint out of range") must not stop
+    # the listener from serving every other reader of the process.
+    bad, healthy = pgstreams.create_stream(), pgstreams.create_stream()
+    hub = listener.get_listener()
+    tail = hub.attach(bad.id)
+
+    def poisoned_read() -> None:
+        try:
+            step = hub.step(tail, 2**63, None)
+            step.result(10)
+        finally:
+            hub.detach(tail)
+
+    got, raised = _follow_while_writing(healthy, poisoned_read)
+    assert isinstance(raised, pgstreams.StreamError) and "out of range" in str(raised)
+    assert got == ["before"] + [f"after{i}" for i in range(20)]
+    assert hub.stats["restarts"] == 0
+
+
+def test_a_chunk_the_client_cannot_load_fails_its_readers_and_no_one_else() -> None:
+    # A row written around pgstreams with a time Python cannot hold: fetching it fails in the
+    # client, for the one stream that has it.
+    poisoned, healthy = pgstreams.create_stream(), pgstreams.create_stream()
+    pgstreams.write(poisoned.id, "fine")
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE pgstreams_stream SET next_offset = 2 WHERE id = %s", [poisoned.id])
+        cursor.execute(
+            'INSERT INTO pgstreams_chunk (stream_id, "offset", data, created_at) VALUES (%s, 1, %s, %s)',
+            [poisoned.id, "poison", "infinity"],
+        )
+    got, raised = _follow_while_writing(healthy, lambda: list(pgstreams.read(poisoned.id, timeout=10)))
+    assert isinstance(raised, pgstreams.StreamError) and not isinstance(raised, pgstreams.ReadTimeout)
+    assert f"reading stream {poisoned.id}" in str(raised)
+    assert got == ["before"] + [f"after{i}" for i in range(20)]
+    # Once the bad row is gone, the stream reads again.
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE pgstreams_chunk SET created_at = now() WHERE stream_id = %s", [poisoned.id])
+    pgstreams.close(poisoned.id)
+    assert [c.data for c in pgstreams.read(poisoned.id, timeout=10)] == ["fine", "poison"]
