@@ -12,6 +12,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .exceptions import (
+    ChunksPruned,
     ChunkTooLarge,
     InvalidChunk,
     ReadTimeout,
@@ -36,6 +37,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "ChunksPruned",
     "ChunkTooLarge",
     "InvalidChunk",
     "ReadTimeout",

@@ -26,7 +26,7 @@ from django.core.exceptions import PermissionDenied
 
 from . import metrics
 from .auth import readable_stream
-from .exceptions import StreamError, StreamNotFound
+from .exceptions import ChunksPruned, StreamError, StreamNotFound
 from .listener import StreamChunk
 from .protocol import parse_offset, past_end
 from .reader import aread_batches
@@ -44,6 +44,7 @@ BAD_REQUEST = 4400
 FORBIDDEN = 4403
 NOT_FOUND = 4404
 TOO_SLOW = 4408
+PRUNED = 4410
 SERVER_ERROR = 1011
 
 
@@ -81,8 +82,8 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
             self.pump.cancel()
             metrics.websocket_clients.dec()
 
-    async def refuse(self, code: int, message: str) -> None:
-        await self.send_json({"type": "error", "code": code, "message": message})
+    async def refuse(self, code: int, message: str, **details: Any) -> None:
+        await self.send_json({"type": "error", "code": code, "message": message, **details})
         await self.close(code=code)
 
     # -- server to client ----------------------------------------------------------------------
@@ -113,6 +114,8 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
             raise
         except StreamNotFound as exc:
             await self.refuse(NOT_FOUND, str(exc))
+        except ChunksPruned as exc:
+            await self.refuse(PRUNED, str(exc), first_offset=exc.first_offset)
         except TimeoutError:
             await self.refuse(TOO_SLOW, f"no ack for {ACK_TIMEOUT:.0f} s; reconnect with ?from={self.acked_to}")
         except StreamError as exc:

@@ -25,3 +25,23 @@ class InvalidChunk(StreamError, ValueError):
 
 class ReadTimeout(StreamError, TimeoutError):
     """A reader waited longer than its ``timeout`` for the next chunk."""
+
+
+class ChunksPruned(StreamError, LookupError):
+    """The chunks a reader asked for were deleted (pruned) from the stream.
+
+    Attributes:
+        stream_id: the stream.
+        offset: the offset the reader asked for.
+        first_offset: where reading can resume: the first chunk still held after ``offset``, or
+            the stream's end when none is.
+    """
+
+    def __init__(self, stream_id: object, offset: int, first_offset: int) -> None:
+        super().__init__(
+            f"stream {stream_id} no longer holds chunks {offset} to {first_offset - 1} (they were pruned); "
+            f"reading can resume at offset {first_offset}"
+        )
+        self.stream_id = stream_id
+        self.offset = offset
+        self.first_offset = first_offset

@@ -80,12 +80,16 @@ class StreamChunk:
 
 @dataclass(slots=True)
 class Page:
-    """What one fetch found for (stream, from_offset): chunks and the stream's state."""
+    """What one fetch found for (stream, from_offset): the stream's state and its chunks from
+    from_offset on, consecutive (a page stops before a gap)."""
 
     exists: bool
     next_offset: int = 0
     closed: bool = False
     chunks: list[StreamChunk] = field(default_factory=list)
+    # Set when the chunk at from_offset is gone though the stream is past it (pruned): where
+    # reading can resume, the next chunk still held or next_offset.
+    pruned_to: int | None = None
 
 
 class End:
@@ -125,6 +129,13 @@ class Tail:
         """Fold a page into the window; return whether readers have something new."""
         moved = False
         self.hint = max(self.hint, page.next_offset)
+        if page.pruned_to is not None:
+            if self.start is not None and from_offset == self.end:
+                # The chunks after the window are gone: readers past it ask for their own pages
+                # (and learn what was pruned); the window starts again from the next page.
+                self.start, self.end, self.window, self.window_chars = None, 0, [], 0
+                moved = True
+            return moved
         if page.closed and self.final is None:
             self.final = page.next_offset
             moved = True
@@ -571,8 +582,15 @@ async def _fetch(
         page = pages.get(key)
         if page is None:
             page = pages[key] = Page(exists=next_offset is not None, next_offset=next_offset or 0, closed=bool(closed))
-        if offset is not None:
+        if offset is None or page.pruned_to is not None:
+            continue
+        if offset == key[1] + len(page.chunks):
             page.chunks.append(StreamChunk(key[0], offset, data, created_at))
+        elif not page.chunks:
+            page.pruned_to = offset  # offsets are the truth: never hand a chunk out under another
+    for (_, from_offset), page in pages.items():
+        if page.exists and not page.chunks and page.pruned_to is None and from_offset < page.next_offset:
+            page.pruned_to = page.next_offset
     return pages
 
 

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import Any
 
 from . import metrics
-from .exceptions import ReadTimeout, StreamError, StreamNotFound
+from .exceptions import ChunksPruned, ReadTimeout, StreamError, StreamNotFound
 from .listener import END, MAX_OFFSET, Page, StreamChunk, get_listener
 from .writer import stream_uuid
 
@@ -37,8 +37,8 @@ def _check_timeout(timeout: float | None) -> None:
 def _page_chunks(page: Page, stream_id: uuid.UUID, pos: int) -> list[StreamChunk]:
     if not page.exists:
         raise StreamNotFound(f"no stream {stream_id}")
-    if not page.chunks and pos < page.next_offset:
-        raise StreamError(f"stream {stream_id} lost chunks from offset {pos} while being read (was it pruned?)")
+    if page.pruned_to is not None:
+        raise ChunksPruned(stream_id, pos, page.pruned_to)
     return page.chunks
 
 
@@ -69,6 +69,11 @@ def read(stream_id: Any, *, from_offset: int = 0, timeout: float | None = None) 
         stream_id: a stream's id (UUID or str) or the Stream itself.
         from_offset: where to start, e.g. one past the last offset a client saw.
         timeout: seconds to wait for each next chunk; ``ReadTimeout`` when it passes.
+
+    Raises:
+        StreamNotFound: no such stream, or it was deleted while being read.
+        ChunksPruned: chunks it was about to yield were deleted; ``first_offset`` says where
+            reading can resume.
 
     Blocks the calling thread; in async code use ``aread()``.
     """

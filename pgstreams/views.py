@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from . import conf, metrics
 from .auth import readable_stream
-from .exceptions import ReadTimeout, StreamNotFound
+from .exceptions import ChunksPruned, ReadTimeout, StreamNotFound
 from .protocol import parse_offset, past_end
 from .reader import aread_batches
 
@@ -105,6 +105,10 @@ async def _events(stream_id: uuid.UUID, position: int) -> AsyncIterator[bytes]:
             continue
         except StreamNotFound:
             yield b'event: error\ndata: {"message": "the stream was deleted"}\n\n'
+            return
+        except ChunksPruned as exc:
+            error = {"message": str(exc), "first_offset": exc.first_offset}
+            yield f"event: error\ndata: {json.dumps(error)}\n\n".encode()
             return
         yield f"event: end\ndata: {json.dumps({'next_offset': position})}\n\n".encode()
         return

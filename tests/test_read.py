@@ -15,6 +15,7 @@ from django.test import override_settings
 import pgstreams
 from pgstreams import listener
 from pgstreams.models import Stream
+from tests.helpers import delete_chunks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -305,3 +306,48 @@ def test_a_chunk_the_client_cannot_load_fails_its_readers_and_no_one_else() -> N
         cursor.execute("UPDATE pgstreams_chunk SET created_at = now() WHERE stream_id = %s", [poisoned.id])
     pgstreams.close(poisoned.id)
     assert [c.data for c in pgstreams.read(poisoned.id, timeout=10)] == ["fine", "poison"]
+
+
+def test_a_reader_whose_chunks_were_pruned_gets_chunks_pruned_never_later_offsets() -> None:
+    s = pgstreams.create_stream()
+    pgstreams.write_many(s.id, [f"c{i}" for i in range(30)])
+    pgstreams.close(s.id)
+    delete_chunks(s.id, 0, 10)
+    for start in (0, 5, 9):
+        with pytest.raises(pgstreams.ChunksPruned) as caught:
+            list(pgstreams.read(s.id, from_offset=start, timeout=5))
+        assert (caught.value.offset, caught.value.first_offset) == (start, 10)
+        assert "resume at offset 10" in str(caught.value)
+    # Readers that start at or after the first chunk held get exactly their offsets.
+    assert pairs(pgstreams.read(s.id, from_offset=12, timeout=5)) == [(i, f"c{i}") for i in range(12, 30)]
+
+
+def test_a_gap_inside_a_stream_stops_the_reader_at_the_gap() -> None:
+    s = pgstreams.create_stream()
+    pgstreams.write_many(s.id, [f"c{i}" for i in range(20)])
+    pgstreams.close(s.id)
+    delete_chunks(s.id, 5, 10)
+    got = []
+    with pytest.raises(pgstreams.ChunksPruned) as caught:
+        for chunk in pgstreams.read(s.id, timeout=5):
+            got.append((chunk.offset, chunk.data))
+    assert got == [(i, f"c{i}") for i in range(5)]
+    assert (caught.value.offset, caught.value.first_offset) == (5, 10)
+
+
+def test_chunks_pruned_ahead_of_a_waiting_reader_raise_chunks_pruned() -> None:
+    from django.db import transaction
+
+    s = pgstreams.create_stream()
+    pgstreams.write_many(s.id, [f"c{i}" for i in range(5)])
+    reader = pgstreams.read(s.id, timeout=5)
+    assert [next(reader).offset for _ in range(5)] == list(range(5))
+    with transaction.atomic():  # written and gone before any reader could fetch them
+        pgstreams.write_many(s.id, [f"c{i}" for i in range(5, 10)])
+        delete_chunks(s.id, 5, 10)
+    pgstreams.write(s.id, "c10")
+    with pytest.raises(pgstreams.ChunksPruned) as caught:
+        next(reader)
+    assert (caught.value.offset, caught.value.first_offset) == (5, 10)
+    pgstreams.close(s.id)
+    assert pairs(pgstreams.read(s.id, from_offset=10, timeout=5)) == [(10, "c10")]

@@ -12,6 +12,7 @@ from django.test import AsyncClient
 
 import pgstreams
 from pgstreams import views
+from tests.helpers import delete_chunks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -126,3 +127,15 @@ async def test_authorization_matches_the_websocket() -> None:
     owner = AsyncClient()
     await owner.alogin(username="alice", password="pw")
     assert chunks(await events(await owner.get(url(s.id)))) == [(0, "secret")]
+
+
+async def test_pruned_chunks_end_the_response_with_an_error_event_saying_where_to_resume() -> None:
+    s = await pgstreams.acreate_stream()
+    await pgstreams.awrite_many(s.id, [f"t{i}" for i in range(10)])
+    await pgstreams.aclose(s.id)
+    await sync_to_async(delete_chunks)(s.id, 0, 5)
+    parsed = await events(await AsyncClient().get(url(s.id) + "?from=2"))
+    assert chunks(parsed) == []
+    assert parsed[-1]["event"] == "error"
+    error = json.loads(parsed[-1]["data"])
+    assert error["first_offset"] == 5 and "pruned" in error["message"]

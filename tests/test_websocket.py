@@ -17,6 +17,7 @@ from django.contrib.auth.models import AnonymousUser
 import pgstreams
 from pgstreams import consumers
 from pgstreams.routing import websocket_urlpatterns
+from tests.helpers import delete_chunks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -228,3 +229,15 @@ async def test_rights_revoked_mid_stream_hold_until_the_reader_reconnects(settin
     await ws.disconnect()
     frames, code = await receive_all(await connect(s.id, "from=2", user=alice))
     assert code == 4403
+
+
+async def test_pruned_chunks_close_with_4410_and_say_where_to_resume() -> None:
+    s = await pgstreams.acreate_stream()
+    await pgstreams.awrite_many(s.id, [f"t{i}" for i in range(10)])
+    await pgstreams.aclose(s.id)
+    await sync_to_async(delete_chunks)(s.id, 0, 5)
+    frames, code = await receive_all(await connect(s.id, "from=2"))
+    assert code == 4410 and not offsets(frames)
+    assert frames[-1]["type"] == "error" and frames[-1]["first_offset"] == 5 and "pruned" in frames[-1]["message"]
+    frames, code = await receive_all(await connect(s.id, "from=5"))
+    assert offsets(frames) == [(i, f"t{i}") for i in range(5, 10)] and code == 1000

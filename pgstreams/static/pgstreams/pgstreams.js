@@ -14,7 +14,12 @@
   "use strict";
 
   // Close codes after which reconnecting cannot help.
-  const PERMANENT = { 4400: "bad request", 4403: "not authorized", 4404: "unknown stream" };
+  const PERMANENT = {
+    4400: "bad request",
+    4403: "not authorized",
+    4404: "unknown stream",
+    4410: "chunks pruned",
+  };
 
   class PgStream {
     constructor(url, options = {}) {
@@ -57,9 +62,13 @@
         if (this.finished || ws !== this.ws) return;
         if (event.code in PERMANENT) {
           this.finished = true;
-          const message = (this.lastError && this.lastError.message) || PERMANENT[event.code];
+          const error = this.lastError || {};
           this.onStatus("failed");
-          this.onError({ code: event.code, message: message });
+          this.onError({
+            code: event.code,
+            message: error.message || PERMANENT[event.code],
+            firstOffset: error.first_offset, // 4410: where reading can resume
+          });
           return;
         }
         this._retry();
