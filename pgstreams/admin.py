@@ -12,6 +12,7 @@ from django.http import HttpRequest, HttpResponse
 
 import pgstreams
 
+from .auth import may_view_all
 from .models import Chunk, Stream
 
 PREVIEW_BYTES = 64 * 1024
@@ -54,6 +55,10 @@ class StreamAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+    def has_view_permission(self, request: HttpRequest, obj: Stream | None = None) -> bool:
+        # The rule the WebSocket and SSE endpoints apply to other users' streams (the live tail).
+        return may_view_all(request.user)
 
     @admin.display(description="state", ordering="closed_at")
     def state(self, obj: Stream) -> str:

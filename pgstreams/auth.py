@@ -14,13 +14,21 @@ from .exceptions import StreamNotFound
 from .models import Stream
 
 
+def may_view_all(user: Any) -> bool:
+    """Whether ``user`` may read every stream: the admin's own rule for viewing streams, the
+    ``pgstreams.view_stream`` permission (or ``change_stream``, which includes viewing).
+    Active superusers have every permission; being staff alone grants none."""
+    return bool(user.has_perm("pgstreams.view_stream") or user.has_perm("pgstreams.change_stream"))
+
+
 def default_authorize(user: Any, stream: Stream) -> bool:
-    """The stream's owner and staff may read it; a stream with no owner, anyone with its id."""
+    """The stream's owner and users who may view all streams (``may_view_all``) may read it;
+    a stream with no owner, anyone with its id."""
     if stream.owner_id is None:
         return True
     if user is None or not user.is_authenticated or not user.is_active:
         return False
-    return bool(user.is_staff or user.pk == stream.owner_id)
+    return user.pk == stream.owner_id or may_view_all(user)
 
 
 def _readable_stream(user: Any, stream_id: uuid.UUID) -> Stream:

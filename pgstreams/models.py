@@ -1,6 +1,8 @@
 """Tables: ``Stream`` (one row per stream, holding its offset counter) and ``Chunk`` (one row per
 written piece). No notification or read logic lives here.
 
+Streams belong to their owner: deleting a user deletes the user's streams.
+
 ``Chunk``'s primary key is (stream, offset): the one index that both enforces gap-free, unique
 offsets and serves every read. Deleting a stream deletes its chunks in the database
 (``ON DELETE CASCADE``, added by the migration), so Django never loads chunks to delete them.
@@ -12,6 +14,7 @@ import uuid
 
 from django.conf import settings
 from django.db import models
+from django.db.models import Q
 
 
 class Stream(models.Model):
@@ -24,7 +27,9 @@ class Stream(models.Model):
         settings.AUTH_USER_MODEL,
         null=True,
         blank=True,
-        on_delete=models.SET_NULL,
+        # A user's streams go with the user: a stream left without an owner would be readable
+        # by anyone with its id.
+        on_delete=models.CASCADE,
         related_name="pgstreams",
     )
     metadata = models.JSONField(default=dict, blank=True)
@@ -32,6 +37,12 @@ class Stream(models.Model):
     class Meta:
         db_table = "pgstreams_stream"
         ordering = ["-created_at"]
+        indexes = [
+            # Pruning takes the oldest closed streams first.
+            models.Index(
+                fields=["closed_at", "id"], name="pgstreams_stream_closed", condition=Q(closed_at__isnull=False)
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.label or str(self.id)

@@ -36,6 +36,13 @@ def parse_cutoff(value: str, now: datetime.datetime | None = None) -> datetime.d
     return moment if timezone.is_aware(moment) else timezone.make_aware(moment, datetime.UTC)
 
 
+# The oldest closed streams first, read from the partial index on (closed_at, id).
+CANDIDATES_SQL = (
+    "SELECT id, next_offset FROM pgstreams_stream WHERE closed_at IS NOT NULL AND closed_at < %s"
+    " ORDER BY closed_at, id LIMIT %s"
+)
+
+
 @dataclass
 class Pruned:
     streams: int = 0
@@ -69,11 +76,7 @@ def prune(
     done = Pruned()
     while True:
         with connections[alias].cursor() as cursor:
-            cursor.execute(
-                "SELECT id, next_offset FROM pgstreams_stream WHERE closed_at IS NOT NULL AND closed_at < %s"
-                " ORDER BY closed_at, id LIMIT %s",
-                [cutoff, max(1, min(batch, 1000))],
-            )
+            cursor.execute(CANDIDATES_SQL, [cutoff, max(1, min(batch, 1000))])
             candidates = cursor.fetchall()
         if not candidates:
             return done

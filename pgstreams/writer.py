@@ -205,7 +205,8 @@ def create_stream(
     """Create an open, empty stream and return it.
 
     Args:
-        owner: the user who may read it (besides staff); None makes it readable by its id alone.
+        owner: the user who may read it (besides users with the pgstreams.view_stream permission);
+            None makes it readable by its id alone. Deleting the user deletes the stream.
         label: a short description, shown in the admin (at most 200 characters).
         metadata: any JSON-serialisable dict.
         using: database alias; defaults to ``PGSTREAMS['DATABASE']``.

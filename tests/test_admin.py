@@ -33,6 +33,23 @@ def test_only_staff_see_streams() -> None:
     assert client.get(reverse("admin:pgstreams_stream_change", args=[s.pk])).status_code == 302
 
 
+def test_the_admin_and_the_endpoints_let_the_same_users_read_others_streams() -> None:
+    from django.contrib.auth.models import Permission
+
+    from pgstreams.auth import default_authorize
+
+    owner = get_user_model().objects.create_user("owner", password="pw")
+    s = pgstreams.create_stream(owner=owner)
+    url = reverse("admin:pgstreams_stream_change", args=[s.pk])
+    staff = get_user_model().objects.create_user("staff", password="pw", is_staff=True)
+    client = Client()
+    client.force_login(staff)
+    assert client.get(url).status_code == 403 and not default_authorize(staff, s)
+    staff.user_permissions.add(Permission.objects.get(codename="view_stream"))
+    staff = get_user_model().objects.get(pk=staff.pk)
+    assert client.get(url).status_code == 200 and default_authorize(staff, s)
+
+
 def test_chunks_are_not_in_the_admin(staff: Client) -> None:
     index = staff.get("/admin/").content.decode()
     assert "/admin/pgstreams/stream/" in index and "/admin/pgstreams/chunk/" not in index

@@ -119,6 +119,19 @@ def test_prune_deletes_old_closed_streams_in_batches_and_never_open_ones() -> No
         run("pgstreams_prune", "--closed-before", "later")
 
 
+def test_prune_finds_its_batches_through_an_index_not_a_scan_and_sort() -> None:
+    from django.db import connection
+
+    for _ in range(20):
+        pgstreams.close(pgstreams.create_stream().id)
+    with transaction.atomic(), connection.cursor() as cursor:
+        # What the planner picks on a large table, where LIMIT makes an ordered index scan cheapest.
+        cursor.execute("SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off")
+        cursor.execute("EXPLAIN " + ops.CANDIDATES_SQL, [timezone.now(), 1000])
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "pgstreams_stream_closed" in plan and "Sort" not in plan, plan
+
+
 def test_prune_while_a_writer_writes() -> None:
     for _ in range(20):
         closed_stream(50, 10)

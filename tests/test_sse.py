@@ -124,9 +124,15 @@ async def test_authorization_matches_the_websocket() -> None:
     bob = AsyncClient()
     await bob.alogin(username="bob", password="pw")
     assert (await bob.get(url(s.id))).status_code == 403
+    staff = AsyncClient()
+    await sync_to_async(users.create_user)("staff", password="pw", is_staff=True)
+    await staff.alogin(username="staff", password="pw")
+    assert (await staff.get(url(s.id))).status_code == 403  # staff without pgstreams.view_stream
     owner = AsyncClient()
     await owner.alogin(username="alice", password="pw")
     assert chunks(await events(await owner.get(url(s.id)))) == [(0, "secret")]
+    await sync_to_async(alice.delete)()  # the user's streams go with the user
+    assert (await anonymous.get(url(s.id))).status_code == 404
 
 
 async def test_pruned_chunks_end_the_response_with_an_error_event_saying_where_to_resume() -> None:

@@ -16,6 +16,7 @@ from django.contrib.auth.models import AnonymousUser
 
 import pgstreams
 from pgstreams import consumers
+from pgstreams.models import Chunk
 from pgstreams.routing import websocket_urlpatterns
 from tests.helpers import delete_chunks
 
@@ -107,13 +108,24 @@ def make_user(name: str, **extra: Any):
     return get_user_model().objects.create_user(name, password="pw", **extra)
 
 
-async def test_authorization_owner_staff_others_and_anonymous() -> None:
+@sync_to_async
+def grant(user: Any, codename: str) -> Any:
+    from django.contrib.auth.models import Permission
+
+    user.user_permissions.add(Permission.objects.get(content_type__app_label="pgstreams", codename=codename))
+    return get_user_model().objects.get(pk=user.pk)  # a fresh instance: permissions are cached
+
+
+async def test_authorization_owner_permission_holders_others_and_anonymous() -> None:
     alice, bob = await make_user("alice"), await make_user("bob")
-    staff = await make_user("staff", is_staff=True)
+    staff = await make_user("staff", is_staff=True)  # staff, but without the permission
+    viewer = await grant(await make_user("viewer", is_staff=True), "view_stream")
+    root = await sync_to_async(get_user_model().objects.create_superuser)("root", password="pw")
     owned = await pgstreams.acreate_stream(owner=alice)
     await pgstreams.awrite(owned.id, "secret")
     await pgstreams.aclose(owned.id)
-    for user, expected in [(bob, 4403), (None, 4403), (alice, 1000), (staff, 1000)]:
+    cases = [(bob, 4403), (None, 4403), (staff, 4403), (alice, 1000), (viewer, 1000), (root, 1000)]
+    for user, expected in cases:
         frames, code = await receive_all(await connect(owned.id, user=user))
         assert code == expected, user
         if expected == 4403:
@@ -241,3 +253,13 @@ async def test_pruned_chunks_close_with_4410_and_say_where_to_resume() -> None:
     assert frames[-1]["type"] == "error" and frames[-1]["first_offset"] == 5 and "pruned" in frames[-1]["message"]
     frames, code = await receive_all(await connect(s.id, "from=5"))
     assert offsets(frames) == [(i, f"t{i}") for i in range(5, 10)] and code == 1000
+
+
+async def test_deleting_a_user_deletes_their_streams_so_no_one_else_can_read_them() -> None:
+    alice = await make_user("alice")
+    s = await pgstreams.acreate_stream(owner=alice)
+    await pgstreams.awrite(s.id, "private")
+    await sync_to_async(alice.delete)()
+    frames, code = await receive_all(await connect(s.id))
+    assert code == 4404 and not offsets(frames)
+    assert not await Chunk.objects.filter(stream_id=s.id).aexists()
