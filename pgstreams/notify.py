@@ -72,7 +72,14 @@ def pack(marks: Iterable[Mark], limit: int = PAYLOAD_LIMIT) -> list[str]:
     return payloads
 
 
-NOTIFY_SQL = "SELECT pg_notify(%s, payload) FROM unnest(%s::text[]) AS payload"
+# A notification is a hint, not data: its commit need not wait for the WAL to reach the disk,
+# which also shortens the time the global NOTIFY lock is held. The level is set for this
+# statement's transaction only (set_config's third argument), never for the session: behind
+# PgBouncer in transaction mode the server connection goes on to serve other clients.
+NOTIFY_SQL = """
+SELECT pg_notify(%s, payload)
+FROM (SELECT set_config('synchronous_commit', 'off', true)) AS local, unnest(%s::text[]) AS payload
+"""
 
 
 class Flusher:
@@ -141,9 +148,6 @@ class Flusher:
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = db.connect(conf.database(), "flusher")
-                # A notification is a hint, not data: its commit need not wait for the WAL to
-                # reach the disk, which also shortens the time the global NOTIFY lock is held.
-                self._conn.execute("SET synchronous_commit TO off")
             self._conn.execute(NOTIFY_SQL, (conf.channel(), payloads))
         except Exception as exc:  # a database blip must not kill the thread
             self.stats["dropped"] += len(batch)
