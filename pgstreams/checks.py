@@ -22,6 +22,9 @@ _SETTING_IDS = {
     "METRICS_TOKEN": "pgstreams.E011",
     "SYNCHRONOUS_COMMIT": "pgstreams.E012",
     "READ_DATABASE": "pgstreams.E013",
+    "CONNECT_TIMEOUT": "pgstreams.E014",
+    "QUERY_TIMEOUT": "pgstreams.E015",
+    "LISTEN_CHECK_INTERVAL": "pgstreams.E016",
 }
 
 

@@ -30,6 +30,9 @@ DEFAULTS: dict[str, Any] = {
     "METRICS_TOKEN": None,
     "SYNCHRONOUS_COMMIT": None,
     "READ_DATABASE": None,
+    "CONNECT_TIMEOUT": 5,
+    "QUERY_TIMEOUT": 5.0,
+    "LISTEN_CHECK_INTERVAL": 5.0,
 }
 
 NOTIFY_MODES = ("buffered", "per_write", "off")
@@ -92,6 +95,12 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
         lambda v: v is None or (isinstance(v, str) and v in settings.DATABASES),
         "None (read from DATABASE) or a key of settings.DATABASES, such as a hot standby of DATABASE",
     ),
+    "CONNECT_TIMEOUT": (
+        lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 2,
+        "a whole number of seconds, 2 or more (libpq's connect_timeout)",
+    ),
+    "QUERY_TIMEOUT": (_positive_number, "a positive number of seconds"),
+    "LISTEN_CHECK_INTERVAL": (_positive_number, "a positive number of seconds"),
 }
 
 
@@ -184,6 +193,21 @@ def read_database() -> str:
 def synchronous_commit() -> str | None:
     """The synchronous_commit level writes use when they name none; None: the server's own."""
     return _valid("SYNCHRONOUS_COMMIT")
+
+
+def connect_timeout() -> int:
+    """Seconds to open one of pgstreams' own connections."""
+    return _valid("CONNECT_TIMEOUT")
+
+
+def query_timeout() -> float:
+    """Seconds a query on pgstreams' own connections may wait for its answer."""
+    return float(_valid("QUERY_TIMEOUT"))
+
+
+def listen_check_interval() -> float:
+    """Seconds of silence after which the listener checks its LISTEN connection."""
+    return float(_valid("LISTEN_CHECK_INTERVAL"))
 
 
 def metrics_token() -> str | None:

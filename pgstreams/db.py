@@ -1,4 +1,6 @@
-"""Connections of pgstreams' own (listener, fetcher, flusher), made from a Django database alias.
+"""Connections of pgstreams' own (listener, fetcher, flusher), made from a Django database alias,
+and the limits that keep a dead or silent peer from holding them: a connect timeout, TCP
+keepalives and ``tcp_user_timeout``, and a deadline on every query (``deadline()``).
 
 The only module that turns ``settings.DATABASES`` into psycopg connection arguments. The write
 path does not come here: it runs on Django's own connection, inside the caller's transaction.
@@ -6,12 +8,19 @@ path does not come here: it runs on Django's own connection, inside the caller's
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import math
 import os
 import random
+import socket
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
 from django.db import connections
+
+from . import conf
 
 # Django's connection arguments that only make sense for Django's own cursors.
 _DJANGO_ONLY = ("cursor_factory", "context")
@@ -31,7 +40,28 @@ def connect_kwargs(alias: str, role: str) -> dict[str, Any]:
         params.pop(key, None)
     params["application_name"] = f"pgstreams {role} {os.getpid()}"
     params["autocommit"] = True
+    for key, value in liveness_params().items():
+        params.setdefault(key, value)  # the alias's OPTIONS win
     return params
+
+
+def liveness_params() -> dict[str, int]:
+    """libpq parameters that bound how long a dead peer goes unnoticed, from the settings.
+
+    A connection that cannot be opened within CONNECT_TIMEOUT fails. On TCP, data the peer does
+    not acknowledge within QUERY_TIMEOUT breaks the connection (tcp_user_timeout), and an idle
+    connection is probed after QUERY_TIMEOUT of silence, three times at a third of it apart
+    (keepalives). libpq ignores the TCP ones on Unix sockets.
+    """
+    query_timeout = conf.query_timeout()
+    return {
+        "connect_timeout": conf.connect_timeout(),
+        "keepalives": 1,
+        "keepalives_idle": max(1, math.ceil(query_timeout)),
+        "keepalives_interval": max(1, math.ceil(query_timeout / 3)),
+        "keepalives_count": 3,
+        "tcp_user_timeout": max(1, math.ceil(query_timeout * 1000)),
+    }
 
 
 def connect(alias: str, role: str) -> psycopg.Connection[Any]:
@@ -57,3 +87,43 @@ class Backoff:
 
     def reset(self) -> None:
         self.attempt = 0
+
+
+def sever(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Shut a connection's socket down, so that whatever waits on it fails at once.
+
+    Unlike a query cancel, this needs no answer from a server that may be gone: the next read
+    sees the end of the stream and psycopg raises ``OperationalError``. The socket is shut down,
+    not closed, so its descriptor stays valid for the code still waiting on it.
+    """
+    if conn.closed:
+        return
+    with contextlib.suppress(OSError), socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+class QueryTimeout(psycopg.OperationalError):
+    """A query on one of pgstreams' connections had no answer within QUERY_TIMEOUT."""
+
+
+@contextlib.asynccontextmanager
+async def deadline(conn: psycopg.AsyncConnection[Any], what: str) -> AsyncIterator[None]:
+    """Bound the queries of the block by QUERY_TIMEOUT: past it the connection is severed and
+    the block raises ``QueryTimeout``; the caller drops the connection and opens another."""
+    seconds = conf.query_timeout()
+    fired = False
+
+    def expire() -> None:
+        nonlocal fired
+        fired = True
+        sever(conn)
+
+    timer = asyncio.get_running_loop().call_later(seconds, expire)
+    try:
+        yield
+    except psycopg.OperationalError as exc:
+        if fired:
+            raise QueryTimeout(f"{what}: no answer from the database within {seconds:g} s") from exc
+        raise
+    finally:
+        timer.cancel()

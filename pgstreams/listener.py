@@ -10,7 +10,10 @@ the readers of the tails that moved. Readers never query the database themselves
 the window asks for a page, and readers asking for the same page share one fetch.
 
 Readers wait for "the tail has passed my offset", never for a flag another reader could clear.
-This module does not write to the database and does not know about the notification buffer.
+Every query has QUERY_TIMEOUT to be answered, and a LISTEN connection silent for
+LISTEN_CHECK_INTERVAL is checked with a query, so a connection whose peer vanished is replaced
+within seconds. This module does not write to the database and does not know about the
+notification buffer.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -177,6 +181,7 @@ class Listener:
         self._requests: dict[tuple[uuid.UUID, int], list[concurrent.futures.Future[Page]]] = {}
         self._kicked = False
         self._behind_pending = False  # a _fetch_behind() is scheduled
+        self._conns: set[psycopg.AsyncConnection[Any]] = set()  # open, severed at stop
         self._stopped = False
         self.stats: Counter[str] = Counter()
         self.listening = threading.Event()  # set while LISTEN is in effect
@@ -292,9 +297,20 @@ class Listener:
                 self.stats["restarts"] += 1
                 self._work.set()  # whatever the failed loop was doing is done again
                 tasks[asyncio.create_task(loops[name](), name=name)] = name
+        for conn in self._conns:
+            db.sever(conn)  # a query in flight fails now instead of waiting for a cancel to be answered
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _connect(self, alias: str, role: str) -> psycopg.AsyncConnection[Any]:
+        conn = await db.aconnect(alias, role)
+        self._conns.add(conn)
+        return conn
+
+    async def _disconnect(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        self._conns.discard(conn)
+        await _close_quietly(conn)
 
     async def _listen_forever(self) -> None:
         backoff = db.Backoff()
@@ -302,8 +318,9 @@ class Listener:
         while True:
             conn = None
             try:
-                conn = await db.aconnect(conf.listen_database(), "listener")
-                await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(conf.channel())))
+                conn = await self._connect(conf.listen_database(), "listener")
+                async with db.deadline(conn, "LISTEN"):
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(conf.channel())))
                 if connected_before:
                     self.stats["reconnects"] += 1
                 connected_before = True
@@ -311,19 +328,32 @@ class Listener:
                 self.listening.set()
                 # Whatever was announced while nobody listened is fetched now.
                 self._refetch_all()
-                async for note in conn.notifies():
-                    self.stats["notifications"] += 1
-                    self.announce(list(notify.decode(note.payload)))
+                await self._hear(conn)
             except Exception as exc:  # a database blip must not end the loop
                 self.stats["listen_errors"] += 1
                 logger.warning("pgstreams: listener connection lost, reconnecting: %s", exc)
             finally:
                 self.listening.clear()
                 if conn is not None:
-                    await _close_quietly(conn)
+                    await self._disconnect(conn)
             # Notifications may have been missed: every followed stream is read again at once.
             self._refetch_all()
             await asyncio.sleep(backoff.next())
+
+    async def _hear(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Announce what notifications say, until the connection fails. After
+        LISTEN_CHECK_INTERVAL without one, a query proves the connection alive (or, unanswered
+        within QUERY_TIMEOUT, fails it): a peer that vanished sends no error, only silence."""
+        while True:
+            heard = False
+            async for note in conn.notifies(timeout=conf.listen_check_interval()):
+                heard = True
+                self.stats["notifications"] += 1
+                self.announce(list(notify.decode(note.payload)))
+            if not heard:
+                async with db.deadline(conn, "checking the LISTEN connection"):
+                    await conn.execute("SELECT 1")
+                self.stats["listen_checks"] += 1
 
     async def _poll_forever(self) -> None:
         while True:
@@ -346,7 +376,7 @@ class Listener:
         backoff = db.Backoff()
         # While the read database is behind what was announced, ask it again at growing intervals.
         behind = db.Backoff(first=0.002, cap=0.1)
-        conns = _FetchConnections()
+        conns = _FetchConnections(self._connect, self._disconnect)
         try:
             while True:
                 await self._work.wait()
@@ -440,8 +470,10 @@ class Listener:
         ask.update(stream_id for (stream_id, _), page in pages.items() if not page.exists)
         if not ask:
             return False
-        cursor = await (await conns.primary()).execute(PRIMARY_STATE_SQL, (list(ask),), prepare=False)
-        marks = [notify.Mark(*row) for row in await cursor.fetchall()]
+        primary = await conns.primary()
+        async with db.deadline(primary, "asking the primary"):
+            cursor = await primary.execute(PRIMARY_STATE_SQL, (list(ask),), prepare=False)
+            marks = [notify.Mark(*row) for row in await cursor.fetchall()]
         self.announce(marks)
         on_primary = {mark.stream_id for mark in marks}
         held = [key for key, page in pages.items() if not page.exists and key[0] in on_primary]
@@ -543,29 +575,35 @@ class Listener:
         return self._stopped
 
 
+Connect = Callable[[str, str], Awaitable[psycopg.AsyncConnection[Any]]]
+Disconnect = Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]
+
+
 class _FetchConnections:
     """The fetcher's connections: to READ_DATABASE (or DATABASE), and, when readers read from
     another database than the primary, one to the primary, opened on first use."""
 
-    def __init__(self) -> None:
+    def __init__(self, connect: Connect, disconnect: Disconnect) -> None:
         self.standby = conf.read_database() != conf.database()
+        self._connect = connect
+        self._disconnect = disconnect
         self._read: psycopg.AsyncConnection[Any] | None = None
         self._primary: psycopg.AsyncConnection[Any] | None = None
 
     async def read(self) -> psycopg.AsyncConnection[Any]:
         if self._read is None or self._read.closed:
-            self._read = await db.aconnect(conf.read_database(), "fetcher")
+            self._read = await self._connect(conf.read_database(), "fetcher")
         return self._read
 
     async def primary(self) -> psycopg.AsyncConnection[Any]:
         if self._primary is None or self._primary.closed:
-            self._primary = await db.aconnect(conf.database(), "checker")
+            self._primary = await self._connect(conf.database(), "checker")
         return self._primary
 
     async def close(self) -> None:
         for conn in (self._read, self._primary):
             if conn is not None:
-                await _close_quietly(conn)
+                await self._disconnect(conn)
         self._read = self._primary = None
 
 
@@ -575,9 +613,11 @@ async def _fetch(
     # Not prepared: planned with the table's current size each time. A generic plan cached while
     # the chunk table was small can scan all of it once it has grown.
     params = ([k[0] for k in keys], [k[1] for k in keys], PAGE_SIZE)
-    cursor = await conn.execute(FETCH_SQL, params, prepare=False)
+    async with db.deadline(conn, "fetching chunks"):
+        cursor = await conn.execute(FETCH_SQL, params, prepare=False)
+        rows = await cursor.fetchall()
     pages: dict[tuple[uuid.UUID, int], Page] = {}
-    for i, next_offset, closed, offset, data, created_at in await cursor.fetchall():
+    for i, next_offset, closed, offset, data, created_at in rows:
         key = keys[i - 1]
         page = pages.get(key)
         if page is None:

@@ -42,9 +42,10 @@ def fresh_listener() -> Iterator[None]:
     listener.stop_listener()
 
 
-def subprocess_database_url() -> str:
-    """A libpq connection string for the test database, for other processes."""
-    s = connection.settings_dict
+def subprocess_database_url(settings_dict: dict[str, Any] | None = None) -> str:
+    """A libpq connection string for the test database (or another DATABASES entry), for other
+    processes."""
+    s = settings_dict or connection.settings_dict
     return make_conninfo(
         dbname=s["NAME"],
         user=s["USER"] or None,

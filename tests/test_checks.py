@@ -45,6 +45,10 @@ def test_defaults_pass() -> None:
         ({"SYNCHRONOUS_COMMIT": "ON"}, "pgstreams.E012"),
         ({"SYNCHRONOUS_COMMIT": "on; DROP TABLE pgstreams_chunk"}, "pgstreams.E012"),
         ({"READ_DATABASE": "nowhere"}, "pgstreams.E013"),
+        ({"CONNECT_TIMEOUT": 1}, "pgstreams.E014"),
+        ({"CONNECT_TIMEOUT": 2.5}, "pgstreams.E014"),
+        ({"QUERY_TIMEOUT": 0}, "pgstreams.E015"),
+        ({"LISTEN_CHECK_INTERVAL": None}, "pgstreams.E016"),
         ({"NOTIFY_MDOE": "off"}, "pgstreams.W001"),
     ],
 )

@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import queue
 import shutil
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -25,6 +27,8 @@ from django.db import connection, connections
 import pgstreams
 from pgstreams import notify
 from pgstreams.models import Chunk
+from tests.conftest import subprocess_database_url
+from tests.proxy import database_via, proxy_for
 from tests.test_processes import Reader
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess, pytest.mark.faults]
@@ -221,3 +225,100 @@ def test_300_websockets_on_one_daphne_process_lose_nothing(tmp_path) -> None:
     assert ws["clients"] == 300 and ws["errors"] == []
     assert ws["coverage"] == 1.0 and ws["duplicates"] == 0 and ws["out_of_order"] == 0
     print(f"300 WebSockets: {ws['delivered_per_s']:.0f} chunks/s, e2e {ws['e2e_ms']}, peak {ws['server_peak_mib']} MiB")
+
+
+class Lines:
+    """The JSON lines a worker prints, read in a thread so the test can wait with a deadline."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.queue: queue.Queue[dict] = queue.Queue()
+        threading.Thread(target=self._read, args=(proc,), daemon=True).start()
+
+    def _read(self, proc: subprocess.Popen[str]) -> None:
+        for line in proc.stdout:
+            self.queue.put(json.loads(line))
+
+    def until(self, predicate, timeout: float) -> dict:
+        """The first line for which ``predicate`` holds; AssertionError after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self.queue.get(timeout=left)
+            except queue.Empty:
+                break
+            if predicate(line):
+                return line
+        raise AssertionError(f"nothing matching within {timeout} s")
+
+
+def own_backends(pid: int) -> set[str]:
+    """The roles of the pgstreams connections process ``pid`` holds."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT split_part(application_name, ' ', 2) FROM pg_stat_activity WHERE application_name LIKE %s",
+            [f"pgstreams % {pid}"],
+        )
+        return {role for (role,) in cursor.fetchall()}
+
+
+def connected(pid: int) -> None:
+    """Wait until process ``pid`` has its listener's, fetcher's and flusher's connections."""
+    deadline = time.monotonic() + 20
+    while own_backends(pid) != {"listener", "fetcher", "flusher"}:
+        assert time.monotonic() < deadline, own_backends(pid)
+        time.sleep(0.05)
+
+
+@pytest.mark.usefixtures("fresh_listener")
+def test_connections_frozen_mid_stream_are_given_up_and_readers_catch_up(spawn) -> None:
+    """A failover whose old primary vanishes leaves connections that stay open and never answer:
+    a proxy stops forwarding on every open connection of a reader process, without closing
+    them, while new connections pass. With the default limits the reader must get chunks written
+    after the freeze within 15 s, and its flusher and its exit must not hang."""
+    r, w = pgstreams.create_stream(), pgstreams.create_stream()
+    with proxy_for(connection.settings_dict) as proxy:
+        via = subprocess_database_url(database_via(proxy, connection.settings_dict))
+        proc = spawn("via", "--stream", str(r.id), "--write-stream", str(w.id), "--via", via)
+        lines = Lines(proc)
+        pgstreams.write(r.id, "c0")
+        lines.until(lambda m: m.get("data") == "c0", 20)
+        proc.stdin.write("write w0\n")
+        proc.stdin.flush()
+        connected(proc.pid)
+        assert proxy.freeze() == 3  # the listener's, the fetcher's and the flusher's connections
+
+        frozen_at = time.monotonic()
+        for i in range(1, 6):
+            pgstreams.write(r.id, f"c{i}")
+        proc.stdin.write("write w1\n")  # its flush waits on a frozen connection
+        proc.stdin.flush()
+        delivered_at = lines.until(lambda m: m.get("data") == "c5", 30)["at"]
+
+        # Frozen again while a flush is under way: exit must not wait on the connection.
+        proc.stdin.write("write w2\n")  # flushed through a new connection
+        proc.stdin.flush()
+        lines.until(lambda m: m.get("wrote") == 2, 10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            proc.stdin.write("stats\n")
+            proc.stdin.flush()
+            if lines.until(lambda m: "flusher" in m, 10)["flusher"]["flushes"] >= 2:
+                break
+            time.sleep(0.1)
+        connected(proc.pid)
+        proxy.freeze()
+        proc.stdin.write("write w3\nexit\n")
+        proc.stdin.flush()
+        stats = lines.until(lambda m: "flusher" in m, 10)
+        proc.wait(30)
+        exited_after = time.monotonic() - stats["exiting_at"]
+    assert proc.returncode == 0, proc.stderr.read()
+    caught_up = delivered_at - frozen_at
+    print(
+        f"frozen connections: readers got chunks written after the freeze {caught_up:.2f} s later; "
+        f"the process exited {exited_after:.2f} s after being asked, with a flush waiting on a frozen connection; "
+        f"flusher {stats['flusher']}"
+    )
+    assert caught_up < 15 and exited_after < 15
+    assert stats["flusher"].get("failed_flushes", 0) >= 1  # the flush that hung was given up...
+    assert stats["flusher"]["flushes"] >= 2  # ...and the next ones went through a new connection

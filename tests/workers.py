@@ -5,7 +5,8 @@ one stream, some writes rolled back; prints one JSON list of the committed (offs
 
 ``python -m tests.workers hang --stream ID --count 20 --flush-interval 3600``: writes one chunk,
 prints "first", waits for a line on stdin, writes the rest, prints "written", then sleeps with
-their notifications still in its buffer until it is killed.
+their notifications still in its buffer until it is killed (or, with ``--os-exit``, leaves at
+once through ``os._exit()``).
 
 ``python -m tests.workers exit --stream ID --count 5 --flush-interval 3600``: writes, then exits
 normally, leaving the final flush at exit to announce the last writes.
@@ -15,6 +16,12 @@ then closes the stream and prints its flusher's stats as JSON.
 
 ``python -m tests.workers retrying --stream ID --count 300 --pause 0.01``: the same, retrying each
 write that fails (through a server restart), printing each error as a JSON line.
+
+``python -m tests.workers via --stream R --write-stream W --via URL``: pgstreams' own connections
+(listener, fetcher, flusher) go to URL (a proxy), Django's to the test database. Prints each
+chunk of R as a JSON line with the time it arrived; on stdin, ``write X`` writes X to W,
+``stats`` prints the flusher's stats, and ``exit`` prints them and exits normally (the final
+flush runs at exit).
 """
 
 from __future__ import annotations
@@ -65,7 +72,9 @@ def threads(stream: str, n_threads: int, per_thread: int) -> None:
     print(json.dumps(sorted(committed)), flush=True)
 
 
-def hang(stream: str, count: int) -> None:
+def hang(stream: str, count: int, os_exit: bool) -> None:
+    import os
+
     import pgstreams
 
     pgstreams.write(stream, "c0")  # notified at once: the flusher was idle
@@ -74,6 +83,8 @@ def hang(stream: str, count: int) -> None:
     for i in range(1, count):
         pgstreams.write(stream, f"c{i}")  # announced only by the next flush, an hour away
     print("written", flush=True)
+    if os_exit:
+        os._exit(0)  # as a forked worker leaves: no atexit handlers, no final flush
     time.sleep(3600)
 
 
@@ -121,17 +132,53 @@ def retrying(stream: str, count: int, pause: float) -> None:
     print(json.dumps({"done": count, "errors": errors}), flush=True)
 
 
+def via(stream: str, write_stream: str) -> None:
+    import pgstreams
+    from pgstreams import notify
+
+    output = threading.Lock()
+
+    def say(message: dict) -> None:
+        with output:
+            print(json.dumps(message), flush=True)
+
+    def follow() -> None:
+        for chunk in pgstreams.read(stream, timeout=120):
+            say({"offset": chunk.offset, "data": chunk.data, "at": time.monotonic()})
+
+    threading.Thread(target=follow, daemon=True).start()
+    for line in sys.stdin:
+        command, _, data = line.strip().partition(" ")
+        if command == "write":
+            say({"wrote": pgstreams.write(write_stream, data, using="default")})
+        elif command == "stats":
+            say({"flusher": dict(notify.flusher().stats)})
+        elif command == "exit":
+            say({"flusher": dict(notify.flusher().stats), "exiting_at": time.monotonic()})
+            return
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="tests.workers")
-    parser.add_argument("mode", choices=["threads", "hang", "exit", "steady", "retrying"])
+    parser.add_argument("mode", choices=["threads", "hang", "exit", "steady", "retrying", "via"])
     parser.add_argument("--stream", required=True)
+    parser.add_argument("--write-stream")
+    parser.add_argument("--via", help="a database URL for pgstreams' own connections")
     parser.add_argument("--threads", type=int, default=16)
     parser.add_argument("--per-thread", type=int, default=50)
     parser.add_argument("--count", type=int, default=20)
     parser.add_argument("--pause", type=float, default=0.005)
     parser.add_argument("--flush-interval", type=float, default=None)
+    parser.add_argument("--os-exit", action="store_true", help="hang: leave through os._exit() instead of sleeping")
     args = parser.parse_args(argv)
 
+    if args.via:
+        from django.conf import settings
+
+        from demo_project.database import from_url
+
+        settings.DATABASES["via"] = from_url(args.via)
+        settings.PGSTREAMS = {**settings.PGSTREAMS, "DATABASE": "via"}
     django.setup()
     if args.flush_interval is not None:
         from django.conf import settings
@@ -140,11 +187,13 @@ def main(argv: list[str]) -> None:
     if args.mode == "threads":
         threads(args.stream, args.threads, args.per_thread)
     elif args.mode == "hang":
-        hang(args.stream, args.count)
+        hang(args.stream, args.count, args.os_exit)
     elif args.mode == "exit":
         exit_after(args.stream, args.count)
     elif args.mode == "retrying":
         retrying(args.stream, args.count, args.pause)
+    elif args.mode == "via":
+        via(args.stream, args.write_stream)
     else:
         steady(args.stream, args.count, args.pause)
 

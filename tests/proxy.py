@@ -1,0 +1,206 @@
+"""A loopback TCP proxy to the test database that can freeze its open connections.
+
+``FreezingProxy`` listens on a free port of 127.0.0.1 and forwards every connection it accepts to
+one upstream: a TCP (host, port) or a Unix socket path. ``freeze()`` stops the forwarding of every
+connection open at that moment, in both directions, without closing either socket: the client's
+kernel still sees a live TCP peer that never answers, as after a failover whose old primary
+vanished without a FIN or RST. Connections accepted later are forwarded normally.
+``proxy_for(settings_dict)`` builds one for a Django DATABASES entry and ``database_via`` returns
+the entry that goes through it.
+
+It does not inspect the Postgres protocol, simulate latency or packet loss, nor unfreeze a
+connection; frozen sockets stay open until ``close()``.
+"""
+
+from __future__ import annotations
+
+import selectors
+import socket
+import threading
+import time
+from types import TracebackType
+from typing import Any
+
+Upstream = tuple[str, int] | str
+
+POLL_INTERVAL = 0.1
+CONNECT_TIMEOUT = 5.0
+IO_TIMEOUT = 10.0
+JOIN_TIMEOUT = 2.0
+CHUNK = 65536
+
+
+class _Link:
+    """One client connection and its upstream connection."""
+
+    def __init__(self, client: socket.socket, server: socket.socket) -> None:
+        self.client = client
+        self.server = server
+        self.lock = threading.Lock()
+        self.frozen = False
+        self.closed = False
+        self.thread: threading.Thread | None = None
+
+    def close(self) -> None:
+        self.closed = True
+        for sock in (self.client, self.server):
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+
+class FreezingProxy:
+    """A TCP proxy on 127.0.0.1 whose open connections can be frozen (see the module docstring)."""
+
+    def __init__(self, upstream: Upstream, *, max_connections: int = 1000) -> None:
+        self.upstream = upstream
+        self.max_connections = max_connections
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(POLL_INTERVAL)
+        self.port: int = self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._links: list[_Link] = []
+        self._stopping = threading.Event()
+        self._accept_thread = threading.Thread(
+            target=self._accept_loop, name=f"freezing-proxy-accept:{self.port}", daemon=True
+        )
+        self.accepted_count = 0
+        self.frozen_count = 0
+
+    def start(self) -> FreezingProxy:
+        self._accept_thread.start()
+        return self
+
+    def freeze(self) -> int:
+        """Stop forwarding on every open connection, leaving its sockets open; return how many.
+
+        Once this returns, no further byte crosses a frozen connection.
+        """
+        with self._lock:
+            links = [link for link in self._links if not link.closed and not link.frozen]
+        frozen = 0
+        for link in links:
+            with link.lock:
+                if not link.closed:
+                    link.frozen = True
+                    frozen += 1
+        with self._lock:
+            self.frozen_count += frozen
+        return frozen
+
+    def close(self) -> None:
+        """Stop accepting, close every connection (frozen ones too) and join the threads."""
+        self._stopping.set()
+        deadline = time.monotonic() + JOIN_TIMEOUT
+        if self._accept_thread.is_alive():
+            self._accept_thread.join(JOIN_TIMEOUT)
+        self._listener.close()
+        with self._lock:
+            links = list(self._links)
+        for link in links:
+            link.close()
+        for link in links:
+            if link.thread is not None and link.thread.is_alive():
+                link.thread.join(max(0.0, deadline - time.monotonic()) + POLL_INTERVAL)
+
+    def __enter__(self) -> FreezingProxy:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _connect_upstream(self) -> socket.socket:
+        if isinstance(self.upstream, str):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(CONNECT_TIMEOUT)
+                sock.connect(self.upstream)
+            except OSError:
+                sock.close()
+                raise
+            return sock
+        return socket.create_connection(self.upstream, timeout=CONNECT_TIMEOUT)
+
+    def _accept_loop(self) -> None:
+        while not self._stopping.is_set() and self.accepted_count < self.max_connections:
+            try:
+                client, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            try:
+                server = self._connect_upstream()
+            except OSError:
+                client.close()
+                continue
+            for sock in (client, server):
+                sock.settimeout(IO_TIMEOUT)
+            link = _Link(client, server)
+            with self._lock:
+                self._links = [old for old in self._links if not old.closed]
+                self.accepted_count += 1
+                link.thread = threading.Thread(
+                    target=self._pump,
+                    args=(link,),
+                    name=f"freezing-proxy-link:{self.port}#{self.accepted_count}",
+                    daemon=True,
+                )
+                self._links.append(link)
+            link.thread.start()
+
+    def _pump(self, link: _Link) -> None:
+        """Forward both ways until either side closes, the link freezes or the proxy closes."""
+        peer = {link.client: link.server, link.server: link.client}
+        with selectors.DefaultSelector() as selector:
+            for sock in peer:
+                selector.register(sock, selectors.EVENT_READ)
+            while not self._stopping.is_set():
+                try:
+                    ready = selector.select(POLL_INTERVAL)
+                except (OSError, ValueError):
+                    return
+                for key, _ in ready:
+                    source: socket.socket = key.fileobj  # type: ignore[assignment]
+                    with link.lock:
+                        if link.frozen or link.closed:
+                            return
+                        try:
+                            data = source.recv(CHUNK)
+                            if data:
+                                peer[source].sendall(data)
+                        except OSError:
+                            data = b""
+                        if not data:
+                            link.close()
+                            return
+                if link.frozen:
+                    return
+
+
+def proxy_for(settings_dict: dict[str, Any]) -> FreezingProxy:
+    """A (not yet started) proxy to the server of a Django DATABASES entry.
+
+    HOST is a socket directory (the upstream is ``<HOST>/.s.PGSQL.<PORT>``) or a host name; it
+    must not be empty.
+    """
+    host = str(settings_dict.get("HOST") or "")
+    port = int(settings_dict.get("PORT") or 5432)
+    if not host or "," in host:
+        raise ValueError(f"proxy_for needs one explicit HOST (a socket directory or a host), not {host!r}")
+    if host.startswith("/"):
+        return FreezingProxy(f"{host.rstrip('/')}/.s.PGSQL.{port}")
+    return FreezingProxy((host, port))
+
+
+def database_via(proxy: FreezingProxy, settings_dict: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a DATABASES entry that connects through ``proxy`` (OPTIONS lose host and port)."""
+    options = {
+        key: value
+        for key, value in (settings_dict.get("OPTIONS") or {}).items()
+        if key not in ("host", "hostaddr", "port")
+    }
+    return {**settings_dict, "HOST": "127.0.0.1", "PORT": str(proxy.port), "OPTIONS": options}
