@@ -6,12 +6,12 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.core.exceptions import PermissionDenied
 
 from . import conf
 from .exceptions import StreamNotFound
 from .models import Stream
+from .threads import in_pool
 
 
 def may_view_all(user: Any) -> bool:
@@ -47,4 +47,4 @@ async def readable_stream(user: Any, stream_id: uuid.UUID) -> Stream:
         StreamNotFound: no such stream.
         PermissionDenied: the AUTHORIZE callable said no.
     """
-    return await sync_to_async(_readable_stream)(user, stream_id)
+    return await in_pool(_readable_stream)(user, stream_id)

@@ -25,6 +25,7 @@ _SETTING_IDS = {
     "CONNECT_TIMEOUT": "pgstreams.E014",
     "QUERY_TIMEOUT": "pgstreams.E015",
     "LISTEN_CHECK_INTERVAL": "pgstreams.E016",
+    "ASYNC_THREADS": "pgstreams.E017",
 }
 
 

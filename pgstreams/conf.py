@@ -33,6 +33,7 @@ DEFAULTS: dict[str, Any] = {
     "CONNECT_TIMEOUT": 5,
     "QUERY_TIMEOUT": 5.0,
     "LISTEN_CHECK_INTERVAL": 5.0,
+    "ASYNC_THREADS": 4,
 }
 
 NOTIFY_MODES = ("buffered", "per_write", "off")
@@ -101,6 +102,10 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     ),
     "QUERY_TIMEOUT": (_positive_number, "a positive number of seconds"),
     "LISTEN_CHECK_INTERVAL": (_positive_number, "a positive number of seconds"),
+    "ASYNC_THREADS": (
+        lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
+        "a positive whole number of threads",
+    ),
 }
 
 
@@ -208,6 +213,11 @@ def query_timeout() -> float:
 def listen_check_interval() -> float:
     """Seconds of silence after which the listener checks its LISTEN connection."""
     return float(_valid("LISTEN_CHECK_INTERVAL"))
+
+
+def async_threads() -> int:
+    """Threads (each with its own Django connection) that run the async API's database work."""
+    return _valid("ASYNC_THREADS")
 
 
 def metrics_token() -> str | None:

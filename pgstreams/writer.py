@@ -13,12 +13,12 @@ from functools import cache, partial
 from typing import Any
 
 import psycopg
-from asgiref.sync import sync_to_async
 from django.db import connections, transaction
 
 from . import conf, listener, metrics, notify, signals
 from .exceptions import ChunkTooLarge, InvalidChunk, StreamClosed, StreamNotFound
 from .models import Stream
+from .threads import in_pool
 
 # The stream row's counter is taken and the chunk inserted in one statement. The UPDATE's row
 # lock serialises the writers of one stream until commit, so per stream commit order is offset
@@ -172,6 +172,7 @@ def _cursor(alias: str) -> Any:
     wrapper = connections[alias]
     if not conf.prepared_statements():
         return wrapper.cursor()
+    wrapper.close_if_health_check_failed()  # CONN_HEALTH_CHECKS, as Django's own cursor() does
     wrapper.ensure_connection()
     wrapper.validate_thread_sharing()
     if wrapper.connection.prepare_threshold is None:
@@ -288,7 +289,9 @@ def close(stream_id: Any, *, using: str | None = None, synchronous_commit: str |
     return next_offset
 
 
-acreate_stream = sync_to_async(create_stream)
-awrite = sync_to_async(write)
-awrite_many = sync_to_async(write_many)
-aclose = sync_to_async(close)
+# The async twins run on pgstreams' own threads: concurrent writes do not queue behind each
+# other, nor behind the process's other sync work.
+acreate_stream = in_pool(create_stream)
+awrite = in_pool(write)
+awrite_many = in_pool(write_many)
+aclose = in_pool(close)

@@ -49,6 +49,7 @@ def test_defaults_pass() -> None:
         ({"CONNECT_TIMEOUT": 2.5}, "pgstreams.E014"),
         ({"QUERY_TIMEOUT": 0}, "pgstreams.E015"),
         ({"LISTEN_CHECK_INTERVAL": None}, "pgstreams.E016"),
+        ({"ASYNC_THREADS": 0}, "pgstreams.E017"),
         ({"NOTIFY_MDOE": "off"}, "pgstreams.W001"),
     ],
 )

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
+import psycopg
 import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 from django.test import override_settings
 
 import pgstreams
+from pgstreams import db
 from pgstreams.models import Chunk, Stream
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -240,3 +243,76 @@ def test_an_unknown_synchronous_commit_is_a_value_error_and_writes_nothing(bad) 
             call()
     s.refresh_from_db()
     assert (s.next_offset, s.closed_at, stored(s)) == (0, None, [])
+
+
+@pytest.mark.parametrize("prepared", [True, False])
+def test_a_dead_persistent_connection_is_replaced_when_health_checks_are_on(prepared: bool) -> None:
+    from django.db import close_old_connections
+
+    saved = {key: connection.settings_dict[key] for key in ("CONN_MAX_AGE", "CONN_HEALTH_CHECKS")}
+    connection.settings_dict.update(CONN_MAX_AGE=None, CONN_HEALTH_CHECKS=True)
+    connection.close()  # reopened with the settings above
+    try:
+        with override_settings(PGSTREAMS={"PREPARED_STATEMENTS": prepared}):
+            s = pgstreams.create_stream()
+            pgstreams.write(s.id, "before")
+            with db.connect("default", "test") as other:
+                other.execute("SELECT pg_terminate_backend(%s)", [connection.connection.info.backend_pid])
+            close_old_connections()  # a request ends and the next one starts
+            assert pgstreams.write(s.id, "after") == 1
+    finally:
+        connection.close()
+        connection.settings_dict.update(saved)
+
+
+async def test_async_writes_queue_neither_behind_a_blocked_write_nor_block_other_sockets() -> None:
+    from channels.routing import URLRouter
+    from channels.testing import WebsocketCommunicator
+    from django.contrib.auth.models import AnonymousUser
+
+    from pgstreams.routing import websocket_urlpatterns
+
+    locked, free = await pgstreams.acreate_stream(), await pgstreams.acreate_stream()
+    await pgstreams.awrite(free.id, "ready")
+    holder = await psycopg.AsyncConnection.connect(**db.connect_kwargs("default", "test"))
+    async with holder.transaction():  # another connection holds the stream's row lock
+        await holder.execute("SELECT 1 FROM pgstreams_stream WHERE id = %s FOR UPDATE", [locked.id])
+        blocked = asyncio.create_task(pgstreams.awrite(locked.id, "waits for the lock"))
+        await asyncio.sleep(0.3)
+        assert not blocked.done()
+        # Another write, a WebSocket's connect (its authorization lookup) and its reads go on.
+        assert await asyncio.wait_for(pgstreams.awrite(free.id, "meanwhile"), 10) == 1
+        ws = WebsocketCommunicator(URLRouter(websocket_urlpatterns), f"/ws/pgstreams/{free.id}/")
+        ws.scope["user"] = AnonymousUser()
+        assert (await asyncio.wait_for(ws.connect(), 10))[0]
+        frame = await ws.receive_json_from(10)
+        assert [i["data"] for i in frame["items"]] == ["ready", "meanwhile"]
+        await ws.disconnect()
+        assert not blocked.done()
+    assert await asyncio.wait_for(blocked, 10) == 0
+    await holder.close()
+
+
+async def test_async_writes_open_new_connections_after_the_server_closed_theirs() -> None:
+    from django.db import connections
+
+    from pgstreams import threads
+
+    s = await pgstreams.acreate_stream()
+    await asyncio.gather(*(pgstreams.awrite(s.id, "warm") for _ in range(8)))  # every pool thread connects
+
+    def backend() -> int:
+        return connections["default"].connection.info.backend_pid
+
+    pids = {await threads.in_pool(backend)() for _ in range(16)}
+    other = await psycopg.AsyncConnection.connect(**db.connect_kwargs("default", "test"))
+    # As a server restart, or a pooler's idle timeout, would; once they are gone, write again.
+    await other.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", [list(pids)])
+    for _ in range(100):
+        cursor = await other.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", [list(pids)])
+        if (await cursor.fetchone())[0] == 0:
+            break
+        await asyncio.sleep(0.05)
+    await other.close()
+    offsets = await asyncio.gather(*(pgstreams.awrite(s.id, "after") for _ in range(8)))
+    assert sorted(offsets) == list(range(8, 16))
