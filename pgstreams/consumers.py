@@ -4,10 +4,14 @@ It reads through this process's shared listener (``aread_batches``), so a thousa
 not open a thousand database connections; it runs no SQL of its own beyond the authorization
 lookup. The protocol is described in the README.
 
-Flow control: the server keeps at most ``WINDOW_CHUNKS`` chunks or ``WINDOW_BYTES`` bytes sent
-but not acknowledged by the client (``{"type": "ack", "offset": n}``), so a client that stops
-reading holds a bounded amount of the server's memory and no one else's time; if it stays silent
-for ``ACK_TIMEOUT`` seconds with its window full, it is closed with 4408 and may resume by offset.
+Flow control: the server keeps at most ``WINDOW_CHUNKS`` chunks or ``WINDOW_BYTES`` bytes (of
+frames, counted exactly) sent but not acknowledged. An ack names a frame by the random id the
+frame carried (``{"type": "ack", "frame": id}``), so only a client that has read that frame off
+its socket can acknowledge it: a client that acks without reading holds one window of the
+server's memory, whatever the ASGI server buffers. While the window is full the consumer holds
+no chunk it has not sent (it reads again from its position once acks arrive), and a client
+silent for ``ACK_TIMEOUT`` seconds with its window full is closed with 4408 and may resume by
+offset.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import secrets
 import uuid
 from collections import deque
 from typing import Any
@@ -58,7 +63,7 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
         await self.accept()
         self.acked = asyncio.Event()
         self.acked_to = 0  # the client has every chunk below this offset
-        self.unacked: deque[tuple[int, int]] = deque()  # (offset after a frame, its bytes)
+        self.unacked: deque[tuple[str, int, int]] = deque()  # (frame id, offset after it, its bytes)
         self.unacked_bytes = 0
         try:
             self.stream_id = _stream_id(self.scope["url_route"]["kwargs"]["stream_id"])
@@ -90,23 +95,8 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
 
     async def send_chunks(self) -> None:
         try:
-            async with contextlib.aclosing(aread_batches(self.stream_id, from_offset=self.position)) as batches:
-                async for batch in batches:
-                    while batch:
-                        await self.window_open()
-                        items, size, rest = _frame(
-                            batch,
-                            max_items=WINDOW_CHUNKS - (self.position - self.acked_to),
-                            max_bytes=min(FRAME_BYTES, WINDOW_BYTES - self.unacked_bytes),
-                        )
-                        await self.send(
-                            text_data=_encode({"type": "chunks", "stream": str(self.stream_id), "items": items})
-                        )
-                        metrics.observe_delivery(batch[: len(items)])
-                        batch = rest
-                        self.position = items[-1]["offset"] + 1
-                        self.unacked.append((self.position, size))
-                        self.unacked_bytes += size
+            while not await self.send_while_window_open():
+                await self.window_open()
             await self.send_json({"type": "end", "next_offset": self.position})
             await self.drained()
             await self.close(code=1000)
@@ -122,9 +112,43 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
             logger.warning("pgstreams: closing WebSocket on stream %s: %s", self.stream_id, exc)
             await self.refuse(SERVER_ERROR, f"{exc}; reconnect with ?from={self.position}")
 
+    async def send_while_window_open(self) -> bool:
+        """Send frames from ``position`` until the window is full (False) or the stream has
+        ended (True). What was read but does not fit is dropped, not held: it is read again
+        from the listener once the client makes room."""
+        async with contextlib.aclosing(aread_batches(self.stream_id, from_offset=self.position)) as batches:
+            async for batch in batches:
+                while batch:
+                    if self.window_full():
+                        return False
+                    batch = await self.send_frame(batch)
+        return True
+
+    async def send_frame(self, batch: list[StreamChunk]) -> list[StreamChunk]:
+        """Send the first chunks of ``batch`` that fit the window in one frame; return the rest."""
+        frame = secrets.token_hex(8)
+        head = f'{{"type":"chunks","frame":"{frame}","stream":"{self.stream_id}","items":['
+        items = _items(
+            batch,
+            max_items=WINDOW_CHUNKS - (self.position - self.acked_to),
+            max_bytes=min(FRAME_BYTES, WINDOW_BYTES - self.unacked_bytes) - len(head) - 2,
+        )
+        text = head + ",".join(items) + "]}"
+        await self.send(text_data=text)
+        sent = batch[: len(items)]
+        metrics.observe_delivery(sent)
+        self.position = sent[-1].offset + 1
+        size = len(text.encode())
+        self.unacked.append((frame, self.position, size))
+        self.unacked_bytes += size
+        return batch[len(items) :]
+
+    def window_full(self) -> bool:
+        return self.position - self.acked_to >= WINDOW_CHUNKS or self.unacked_bytes >= WINDOW_BYTES
+
     async def window_open(self) -> None:
         """Wait until the client's unacknowledged chunks and bytes are under the window."""
-        while self.position - self.acked_to >= WINDOW_CHUNKS or self.unacked_bytes >= WINDOW_BYTES:
+        while self.window_full():
             self.acked.clear()
             await asyncio.wait_for(self.acked.wait(), ACK_TIMEOUT)
 
@@ -152,23 +176,24 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
             message = json.loads(text_data)
         except ValueError:
             return await self.refuse(BAD_REQUEST, "client frames must be JSON")
-        if not isinstance(message, dict):
-            message = {}
-        offset = message.get("offset")
-        if message.get("type") != "ack" or isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            return await self.refuse(BAD_REQUEST, 'the only client message is {"type": "ack", "offset": <int>}')
-        self.ack(offset)
+        if not isinstance(message, dict) or message.get("type") != "ack" or not isinstance(message.get("frame"), str):
+            return await self.refuse(BAD_REQUEST, 'the only client message is {"type": "ack", "frame": "<frame id>"}')
+        if not self.ack(message["frame"]):
+            await self.refuse(BAD_REQUEST, "ack for a frame not sent on this socket, or already acknowledged")
 
-    def ack(self, offset: int) -> None:
-        """The client has every chunk up to and including ``offset`` (never past what was sent)."""
-        self.acked_to = max(self.acked_to, min(offset + 1, self.position))
-        while self.unacked and self.unacked[0][0] <= self.acked_to:
-            self.unacked_bytes -= self.unacked.popleft()[1]
+    def ack(self, frame: str) -> bool:
+        """The client has read every frame up to and including ``frame``; False if no frame
+        waiting for an ack has that id."""
+        if not any(waiting == frame for waiting, _, _ in self.unacked):
+            return False
+        while self.unacked:
+            waiting, end, size = self.unacked.popleft()
+            self.unacked_bytes -= size
+            self.acked_to = end
+            if waiting == frame:
+                break
         self.acked.set()
-
-
-def _encode(message: dict[str, Any]) -> str:
-    return json.dumps(message, ensure_ascii=False, separators=(",", ":"))
+        return True
 
 
 def _stream_id(value: str | uuid.UUID) -> uuid.UUID:
@@ -180,16 +205,15 @@ def _stream_id(value: str | uuid.UUID) -> uuid.UUID:
         raise ValueError(f"{value[:40]!r} is not a stream id (stream ids are UUIDs)") from None
 
 
-def _frame(
-    chunks: list[StreamChunk], max_items: int, max_bytes: int
-) -> tuple[list[dict[str, Any]], int, list[StreamChunk]]:
-    """The items of one frame (at least one chunk, else up to the limits), its size, the rest."""
-    items: list[dict[str, Any]] = []
-    size = 0
+def _items(chunks: list[StreamChunk], max_items: int, max_bytes: int) -> list[str]:
+    """The JSON items of one frame: at least one chunk, else as many as fit the limits, counting
+    the items' bytes of UTF-8 and the commas between them."""
+    items: list[str] = []
+    size = -1  # n items take n - 1 commas
     for chunk in chunks:
-        n = len(chunk.data.encode()) + 32  # with the JSON around it, about
-        if items and (len(items) >= max_items or size + n > max_bytes):
+        item = f'{{"offset":{chunk.offset},"data":{json.dumps(chunk.data, ensure_ascii=False)}}}'
+        size += len(item.encode()) + 1
+        if items and (len(items) >= max_items or size > max_bytes):
             break
-        items.append({"offset": chunk.offset, "data": chunk.data})
-        size += n
-    return items, size, chunks[len(items) :]
+        items.append(item)
+    return items

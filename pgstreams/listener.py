@@ -385,10 +385,7 @@ class Listener:
                 if not keys:
                     continue
                 try:
-                    began = time.monotonic()
-                    pages = await self._fetch_pages(await conns.read(), keys)
-                    waiting = await self._confirm_on_primary(conns, keys, pages) if conns.standby else False
-                    self.stats["fetch_seconds"] += time.monotonic() - began
+                    waiting = await self._fetch_round(conns, keys, polled)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
@@ -403,8 +400,7 @@ class Listener:
                     self._work.set()
                     continue
                 backoff.reset()
-                self.stats["fetches"] += 1
-                if self._deliver(pages, polled) or waiting:
+                if waiting:
                     self.stats["read_behind"] += 1
                     if not self._behind_pending:  # one retry pending at a time
                         self._behind_pending = True
@@ -413,6 +409,18 @@ class Listener:
                     behind.reset()
         finally:
             await conns.close()
+
+    async def _fetch_round(
+        self, conns: _FetchConnections, keys: list[tuple[uuid.UUID, int]], polled: set[uuid.UUID]
+    ) -> bool:
+        """Fetch the pages of ``keys`` and deliver them (nothing here outlives the round);
+        return whether a reader waits for chunks the read database does not show yet."""
+        began = time.monotonic()
+        pages = await self._fetch_pages(await conns.read(), keys)
+        waiting = await self._confirm_on_primary(conns, keys, pages) if conns.standby else False
+        self.stats["fetch_seconds"] += time.monotonic() - began
+        self.stats["fetches"] += 1
+        return self._deliver(pages, polled) or waiting
 
     async def _fetch_pages(
         self, conn: psycopg.AsyncConnection[Any], keys: list[tuple[uuid.UUID, int]]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import os
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,3 +37,34 @@ def database_alias(alias: str, entry: dict[str, Any]) -> Iterator[str]:
         del connections[alias]
         connections.settings.pop(alias, None)
         settings.DATABASES.pop(alias, None)
+
+
+class RawWebSocket:
+    """A client that speaks just enough WebSocket to open a socket and send text frames, and
+    never reads what the server sends (after the handshake): the hostile client of the memory
+    tests, whose unread data piles up on the server unless the server stops sending."""
+
+    def __init__(self, host: str, path: str) -> None:
+        address, port = host.rsplit(":", 1)
+        self.sock = socket.create_connection((address, int(port)), timeout=10)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        key = base64.b64encode(os.urandom(16)).decode()
+        self.sock.sendall(
+            f"GET {path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\nOrigin: http://{host}\r\n\r\n".encode()
+        )
+        response = b""
+        while b"\r\n\r\n" not in response and len(response) < 4096:
+            response += self.sock.recv(1)  # the handshake only, byte by byte: nothing past it
+        if not response.startswith(b"HTTP/1.1 101"):
+            raise ConnectionError(f"no WebSocket: {response[:80]!r}")
+
+    def send_text(self, text: str) -> None:
+        payload = text.encode()
+        assert len(payload) < 126
+        mask = os.urandom(4)
+        masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+        self.sock.sendall(bytes([0x81, 0x80 | len(payload)]) + mask + masked)
+
+    def close(self) -> None:
+        self.sock.close()

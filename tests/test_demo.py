@@ -15,6 +15,7 @@ import websockets
 
 import pgstreams
 from demo_project.chat import llm
+from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess]
 
@@ -32,7 +33,7 @@ async def follow(host: str, stream_id, from_offset: int = 0) -> tuple[list[tuple
             if message["type"] == "chunks":
                 got += [(i["offset"], i["data"]) for i in message["items"]]
                 try:
-                    await ws.send(json.dumps({"type": "ack", "offset": got[-1][0]}))
+                    await ws.send(json.dumps({"type": "ack", "frame": message["frame"]}))
                 except websockets.ConnectionClosedOK:
                     pass  # the server sent the end and closed while this ack was on its way
             elif message["type"] == "end":
@@ -138,3 +139,75 @@ def test_the_admin_stream_page_tails_an_open_stream(demo_server: str, page) -> N
     page.wait_for_function("document.getElementById('pgstreams-tail').textContent === 'live tail'")
     in_thread(pgstreams.close, stream.id)
     page.wait_for_function("document.getElementById('pgstreams-tail-status').textContent.includes('closed')")
+
+
+WATCH = """([url, from_offset]) => {
+  window.seen = {chunks: [], statuses: [], error: null};
+  new PgStream(url, {
+    from: from_offset,
+    onChunk: (data, offset) => window.seen.chunks.push([offset, data]),
+    onStatus: (status) => window.seen.statuses.push(status),
+    onError: (error) => { window.seen.error = error; },
+  });
+}"""
+
+
+def test_the_js_client_reports_pruned_chunks_and_does_not_reconnect(demo_server: str, page) -> None:
+    from tests.helpers import delete_chunks
+
+    s = in_thread(pgstreams.create_stream)
+    in_thread(pgstreams.write_many, s.id, [f"t{i}" for i in range(10)])
+    in_thread(delete_chunks, s.id, 0, 5)
+    page.goto(f"http://{demo_server}/accounts/login/")
+    page.add_script_tag(url="/static/pgstreams/pgstreams.js")
+    page.evaluate(WATCH, [f"/ws/pgstreams/{s.id}/", 2])
+    page.wait_for_function("window.seen.error !== null")
+    page.wait_for_timeout(1500)  # time enough for a reconnect, were one attempted
+    seen = page.evaluate("window.seen")
+    assert seen["error"]["code"] == 4410 and seen["error"]["firstOffset"] == 5
+    assert "pruned" in seen["error"]["message"] and seen["chunks"] == []
+    assert seen["statuses"] == ["connecting", "live", "failed"]
+
+
+def test_the_js_client_reconnects_once_after_a_gap(page) -> None:
+    """A server that skips an offset (which pgstreams never does): the client must resume from
+    the chunk it lacks with one new socket, not two."""
+    import asyncio
+
+    from websockets.asyncio.server import serve
+
+    paths: list[str] = []
+
+    async def handler(ws) -> None:
+        paths.append(ws.request.path)
+        if len(paths) == 1:
+            items = [{"offset": 0, "data": "a"}, {"offset": 2, "data": "c"}]
+            await ws.send(json.dumps({"type": "chunks", "frame": "f", "stream": "s", "items": items}))
+        await ws.wait_closed()
+
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    stop = asyncio.Event()
+    ports: list[int] = []
+
+    async def run() -> None:
+        async with serve(handler, "127.0.0.1", 0) as server:
+            ports.append(server.sockets[0].getsockname()[1])
+            started.set()
+            await stop.wait()
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(run(),), daemon=True)
+    thread.start()
+    assert started.wait(10)
+    try:
+        page.set_content("<html><body></body></html>")
+        page.add_script_tag(path=str(ROOT / "pgstreams/static/pgstreams/pgstreams.js"))
+        page.evaluate(WATCH, [f"ws://127.0.0.1:{ports[0]}/", 0])
+        page.wait_for_function("window.seen.statuses.filter(s => s === 'live').length >= 2")
+        page.wait_for_timeout(1500)  # time enough for a second reconnect, were one scheduled
+        seen = page.evaluate("window.seen")
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(10)
+    assert seen["chunks"] == [[0, "a"]]
+    assert paths == ["/?from=0", "/?from=1"]

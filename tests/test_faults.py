@@ -28,6 +28,7 @@ import pgstreams
 from pgstreams import notify
 from pgstreams.models import Chunk
 from tests.conftest import subprocess_database_url
+from tests.helpers import RawWebSocket
 from tests.proxy import database_via, proxy_for
 from tests.test_processes import Reader
 
@@ -156,7 +157,7 @@ async def _follow(url: str, origin: str, got: list, stop_reading_after: int | No
             if stop_reading_after is not None and len(got) >= stop_reading_after:
                 await asyncio.sleep(3600)  # stops reading (and acking); cancelled by the test
             try:
-                await ws.send(json.dumps({"type": "ack", "offset": got[-1][0]}))
+                await ws.send(json.dumps({"type": "ack", "frame": message["frame"]}))
             except websockets.ConnectionClosedOK:
                 pass  # closed after the end frame, which is still to be read
 
@@ -322,3 +323,42 @@ def test_connections_frozen_mid_stream_are_given_up_and_readers_catch_up(spawn) 
     assert caught_up < 15 and exited_after < 15
     assert stats["flusher"].get("failed_flushes", 0) >= 1  # the flush that hung was given up...
     assert stats["flusher"]["flushes"] >= 2  # ...and the next ones went through a new connection
+
+
+def test_a_client_that_acks_without_reading_holds_bounded_server_memory(demo_server: str) -> None:
+    """The lying client: a raw socket that acknowledges everything every 50 ms and never reads,
+    while 50 MB are written to its stream. Acks that are not backed by reading must not open
+    the window: the server must hold about one window for it, not the stream."""
+    asyncio.run(_lying_client(demo_server))
+
+
+async def _lying_client(host: str) -> None:
+    daphne = next(p for p in psutil.Process().children(recursive=True) if "demo" in " ".join(p.cmdline()))
+    s = await pgstreams.acreate_stream()
+    liar = RawWebSocket(host, f"/ws/pgstreams/{s.id}/")
+    lying = True
+
+    async def ack_forever() -> None:
+        while lying:
+            try:
+                await asyncio.to_thread(liar.send_text, json.dumps({"type": "ack", "offset": 10**15}))
+            except OSError:
+                return  # the server closed the socket
+            await asyncio.sleep(0.05)
+
+    acks = asyncio.create_task(ack_forever())
+    await asyncio.sleep(0.5)
+    before = peak = daphne.memory_info().rss
+    chunk = "x" * 10_000
+    for _ in range(0, 5000, 100):  # 50 MB
+        await pgstreams.awrite_many(s.id, [chunk] * 100)
+        peak = max(peak, daphne.memory_info().rss)
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(1.0)
+    peak = max(peak, daphne.memory_info().rss)
+    lying = False
+    await acks
+    liar.close()
+    growth_mib = (peak - before) / 2**20
+    print(f"lying client: daphne grew {growth_mib:.1f} MiB while 50 MB were written to its stream")
+    assert growth_mib < 25

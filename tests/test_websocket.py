@@ -46,7 +46,7 @@ async def receive_all(
             return frames, message.get("code", 1000)
         frames.append(json.loads(message["text"]))
         if ack and frames[-1]["type"] == "chunks":
-            await communicator.send_json_to({"type": "ack", "offset": frames[-1]["items"][-1]["offset"]})
+            await communicator.send_json_to({"type": "ack", "frame": frames[-1]["frame"]})
 
 
 def offsets(frames: list[dict]) -> list[tuple[int, str]]:
@@ -60,12 +60,14 @@ async def test_sends_available_chunks_in_one_frame_then_live_then_end() -> None:
     first = await ws.receive_json_from(5)
     assert first == {
         "type": "chunks",
+        "frame": first["frame"],
         "stream": str(s.id),
         "items": [{"offset": 0, "data": "a"}, {"offset": 1, "data": "b"}, {"offset": 2, "data": "c"}],
     }
     await pgstreams.awrite(s.id, "d")
-    assert (await ws.receive_json_from(5))["items"] == [{"offset": 3, "data": "d"}]
-    await ws.send_json_to({"type": "ack", "offset": 3})
+    second = await ws.receive_json_from(5)
+    assert second["items"] == [{"offset": 3, "data": "d"}] and second["frame"] != first["frame"]
+    await ws.send_json_to({"type": "ack", "frame": second["frame"]})
     await pgstreams.aclose(s.id)
     frames, code = await receive_all(ws)
     assert frames == [{"type": "end", "next_offset": 4}] and code == 1000
@@ -160,7 +162,7 @@ async def test_a_client_that_does_not_ack_gets_one_window_then_resumes_after_an_
         frames.append(await ws.receive_json_from(5))
     assert len(offsets(frames)) == consumers.WINDOW_CHUNKS
     assert await ws.receive_nothing(0.5)  # and no more without an ack
-    await ws.send_json_to({"type": "ack", "offset": consumers.WINDOW_CHUNKS - 1})
+    await ws.send_json_to({"type": "ack", "frame": frames[-1]["frame"]})
     rest, code = await receive_all(ws)
     assert [o for o, _ in offsets(frames + rest)] == list(range(total))
     assert rest[-1] == {"type": "end", "next_offset": total} and code == 1000
@@ -173,10 +175,11 @@ async def test_after_the_end_frame_the_server_closes_once_the_client_has_acknowl
     await pgstreams.awrite_many(s.id, ["a", "b"])
     await pgstreams.aclose(s.id)
     ws = await connect(s.id)
-    assert offsets([await ws.receive_json_from(5)]) == [(0, "a"), (1, "b")]
+    chunks = await ws.receive_json_from(5)
+    assert offsets([chunks]) == [(0, "a"), (1, "b")]
     assert await ws.receive_json_from(5) == {"type": "end", "next_offset": 2}
     assert await ws.receive_nothing(0.5)  # not closed while chunks are unacknowledged
-    await ws.send_json_to({"type": "ack", "offset": 1})
+    await ws.send_json_to({"type": "ack", "frame": chunks["frame"]})
     assert (await ws.receive_output(5)) == {"type": "websocket.close", "code": 1000}
 
 
@@ -186,8 +189,9 @@ async def test_after_the_end_frame_the_server_closes_once_the_client_has_acknowl
         ({"bytes_data": b"\x00\x01"}, "binary"),
         ({"text_data": "not json"}, "JSON"),
         ({"text_data": '{"type": "subscribe", "stream": "*"}'}, "only client message"),
-        ({"text_data": '{"type": "ack", "offset": -3}'}, "only client message"),
-        ({"text_data": '{"type": "ack", "offset": true}'}, "only client message"),
+        ({"text_data": '{"type": "ack", "offset": 3}'}, "only client message"),
+        ({"text_data": '{"type": "ack", "frame": 7}'}, "only client message"),
+        ({"text_data": '{"type": "ack", "frame": "guessed"}'}, "not sent on this socket"),
         ({"text_data": "[" * 5000}, "at most"),
     ],
 )
@@ -263,3 +267,49 @@ async def test_deleting_a_user_deletes_their_streams_so_no_one_else_can_read_the
     frames, code = await receive_all(await connect(s.id))
     assert code == 4404 and not offsets(frames)
     assert not await Chunk.objects.filter(stream_id=s.id).aexists()
+
+
+async def test_the_window_counts_the_bytes_of_frames_exactly(monkeypatch) -> None:
+    # A control character takes 6 bytes in JSON (\u0001): the window is what the frames weigh.
+    monkeypatch.setattr(consumers, "WINDOW_BYTES", 20_000)
+    s = await pgstreams.acreate_stream()
+    chunk = "\x01" * 1000
+    await pgstreams.awrite_many(s.id, [chunk] * 40)
+    ws = await connect(s.id)
+    frames = []
+    while (message := await ws.receive_output(1)) and message["type"] == "websocket.send":
+        frames.append(message["text"])
+        if await ws.receive_nothing(0.3):
+            break
+    sent = sum(len(text.encode()) for text in frames)
+    one_item = len(json.dumps({"offset": 39, "data": chunk}, separators=(",", ":")).encode())
+    # Frames are sent while the window has room; the last one may take one item past it.
+    assert 20_000 - one_item < sent <= 20_000 + one_item
+    assert [i["data"] for f in frames for i in json.loads(f)["items"]] == [chunk] * len(
+        offsets(map(json.loads, frames))
+    )
+    await ws.disconnect()
+
+
+async def test_a_client_with_a_full_window_pins_no_chunk_it_was_not_sent(monkeypatch) -> None:
+    # A reader behind the listener's window gets whole pages (up to 500 chunks); a consumer
+    # waiting for acks must not sit on the part of the page it could not send.
+    import gc
+
+    from pgstreams.listener import StreamChunk
+
+    monkeypatch.setattr(consumers, "WINDOW_CHUNKS", 10)
+    s = await pgstreams.acreate_stream()
+    await pgstreams.awrite_many(s.id, [f"c{i}" for i in range(400)])
+    ws = await connect(s.id)
+    frames = []
+    while len(offsets(frames)) < 10:
+        frames.append(await ws.receive_json_from(5))
+    assert await ws.receive_nothing(0.3)  # the window is full
+    gc.collect()
+    held = [o for o in gc.get_objects() if isinstance(o, StreamChunk) and o.stream_id == s.id]
+    assert held == []
+    await ws.send_json_to({"type": "ack", "frame": frames[-1]["frame"]})
+    more = await ws.receive_json_from(5)
+    assert offsets([more]) == [(i, f"c{i}") for i in range(10, 20)]
+    await ws.disconnect()

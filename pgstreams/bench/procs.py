@@ -273,7 +273,7 @@ async def _ws_follow_all(
                     result.offset.append(item["offset"])
                     result.received.append(now)
                 try:
-                    await ws.send(json.dumps({"type": "ack", "offset": expected - 1}))
+                    await ws.send(json.dumps({"type": "ack", "frame": message["frame"]}))
                 except websockets.ConnectionClosedOK:
                     pass  # the server closed after its end frame, which is still to be read
             result.errors.append(f"closed without an end frame (code {ws.close_code}) after offset {expected - 1}")

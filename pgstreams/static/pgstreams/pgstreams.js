@@ -33,6 +33,7 @@
       this.maxDelay = options.maxDelay || 10000;
       this.attempt = 0;
       this.acked = this.next;
+      this.lastFrame = null; // the id of the last frame read, which an ack names
       this.ackTimer = null;
       this.finished = false;
       this.lastError = null;
@@ -88,14 +89,14 @@
         for (const item of message.items) {
           if (item.offset < this.next) continue; // already shown: never twice
           if (item.offset > this.next) {
-            // A gap cannot happen on one connection; resume from what we have.
+            // A gap cannot happen on one connection; resume from what we have (onclose retries).
             ws.close(4000);
-            this._retry();
             return;
           }
           this.next = item.offset + 1;
           this.onChunk(item.data, item.offset);
         }
+        this.lastFrame = message.frame;
         this._ack(ws);
       } else if (message.type === "end") {
         this.finished = true;
@@ -113,7 +114,7 @@
       const send = () => {
         this.ackTimer = null;
         if (ws.readyState === WebSocket.OPEN && this.next > this.acked) {
-          ws.send(JSON.stringify({ type: "ack", offset: this.next - 1 }));
+          ws.send(JSON.stringify({ type: "ack", frame: this.lastFrame }));
           this.acked = this.next;
         }
       };
