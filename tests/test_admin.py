@@ -108,3 +108,21 @@ def test_close_and_delete_actions(staff: Client) -> None:
     assert Stream.objects.filter(closed_at__isnull=True).count() == 0
     staff.post(url, {"action": "delete_selected", "_selected_action": [str(b.pk)], "post": "yes"})
     assert not Stream.objects.filter(pk=b.pk).exists() and not Chunk.objects.filter(stream_id=b.pk).exists()
+
+
+def test_the_stream_page_reads_its_text_in_one_query_however_many_chunks_are_empty(staff: Client) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def queries(stream_id) -> int:
+        with CaptureQueriesContext(connection) as captured:
+            body = staff.get(reverse("admin:pgstreams_stream_change", args=[stream_id])).content.decode()
+        assert "tail text" in body
+        return len(captured.captured_queries)
+
+    short = pgstreams.create_stream()
+    pgstreams.write(short.id, "tail text")
+    sparse = pgstreams.create_stream()
+    pgstreams.write_many(sparse.id, [""] * 3000 + ["tail text"])
+    queries(short.id)  # the first request also fills process-wide caches
+    assert queries(sparse.id) == queries(short.id)
