@@ -1,6 +1,7 @@
 """Connections of pgstreams' own (listener, fetcher, flusher), made from a Django database alias,
 and the limits that keep a dead or silent peer from holding them: a connect timeout, TCP
-keepalives and ``tcp_user_timeout``, and a deadline on every query (``deadline()``).
+keepalives and ``tcp_user_timeout``, and a deadline on every query (``deadline()`` in async
+code; ``watched()`` for a blocking connection, enforced by a watchdog thread).
 
 The only module that turns ``settings.DATABASES`` into psycopg connection arguments. The write
 path does not come here: it runs on Django's own connection, inside the caller's transaction.
@@ -14,7 +15,9 @@ import math
 import os
 import random
 import socket
-from collections.abc import AsyncIterator
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import psycopg
@@ -89,7 +92,7 @@ class Backoff:
         self.attempt = 0
 
 
-def sever(conn: psycopg.AsyncConnection[Any]) -> None:
+def sever(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
     """Shut a connection's socket down, so that whatever waits on it fails at once.
 
     Unlike a query cancel, this needs no answer from a server that may be gone: the next read
@@ -127,3 +130,76 @@ async def deadline(conn: psycopg.AsyncConnection[Any], what: str) -> AsyncIterat
         raise
     finally:
         timer.cancel()
+
+
+class _Watch:
+    __slots__ = ("conn", "at", "fired")
+
+    def __init__(self, conn: psycopg.Connection[Any], at: float) -> None:
+        self.conn, self.at, self.fired = conn, at, False
+
+
+class _Watchdog:
+    """A named daemon thread that severs the blocking connections whose watched queries run past
+    their deadline. It looks every ``TICK`` seconds, starts with the first watch, and ends after
+    ``IDLE`` seconds without one (the next watch starts it again)."""
+
+    TICK = 0.25
+    IDLE = 5.0
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._watches: set[_Watch] = set()
+        self._thread: threading.Thread | None = None
+        self._last = 0.0  # when the last watch began
+
+    @contextlib.contextmanager
+    def watched(self, conn: psycopg.Connection[Any], what: str) -> Iterator[None]:
+        seconds = conf.query_timeout()
+        self._last = time.monotonic()
+        watch = _Watch(conn, self._last + seconds)
+        with self._lock:
+            self._watches.add(watch)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="pgstreams-watchdog", daemon=True)
+                self._thread.start()
+        try:
+            yield
+        except psycopg.OperationalError as exc:
+            if watch.fired:
+                raise QueryTimeout(f"{what}: no answer from the database within {seconds:g} s") from exc
+            raise
+        finally:
+            with self._lock:  # a connection is never severed after its watch ended
+                self._watches.discard(watch)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.TICK)
+            now = time.monotonic()
+            with self._lock:
+                if not self._watches and now - self._last > self.IDLE:
+                    self._thread = None
+                    return
+                for watch in self._watches:
+                    if not watch.fired and now >= watch.at:
+                        watch.fired = True
+                        sever(watch.conn)
+
+
+_watchdog = _Watchdog()
+
+
+def watched(conn: psycopg.Connection[Any], what: str) -> contextlib.AbstractContextManager[None]:
+    """``deadline()`` for a blocking connection: a query of the block still running after
+    QUERY_TIMEOUT (give or take a quarter second) has its connection severed, and the block
+    raises ``QueryTimeout``; the caller drops the connection and opens another."""
+    return _watchdog.watched(conn, what)
+
+
+def _after_fork_in_child() -> None:
+    global _watchdog
+    _watchdog = _Watchdog()  # the parent's thread does not exist here
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -431,7 +431,7 @@ class Listener:
         try:
             return await _fetch(conn, keys)
         except psycopg.DatabaseError as exc:
-            if isinstance(exc, psycopg.OperationalError) or conn.broken:
+            if not _refused(exc, conn):
                 raise
             self.stats["fetch_errors"] += 1
             logger.warning(
@@ -442,7 +442,7 @@ class Listener:
             try:
                 pages.update(await _fetch(conn, [key]))
             except psycopg.DatabaseError as exc:
-                if isinstance(exc, psycopg.OperationalError) or conn.broken:
+                if not _refused(exc, conn):
                     raise
                 self._refuse(key, exc)
         return pages
@@ -640,6 +640,12 @@ async def _fetch(
         if page.exists and not page.chunks and page.pruned_to is None and from_offset < page.next_offset:
             page.pruned_to = page.next_offset
     return pages
+
+
+def _refused(exc: psycopg.DatabaseError, conn: psycopg.AsyncConnection[Any]) -> bool:
+    """Whether the database refused the query itself, on a connection that still works (not a
+    lost connection, nor a query cut off by its deadline)."""
+    return not isinstance(exc, psycopg.OperationalError) and not conn.broken
 
 
 def _resolve(future: concurrent.futures.Future[Page], outcome: Page | BaseException) -> None:

@@ -9,16 +9,14 @@ and never runs in the writer's transaction.
 
 from __future__ import annotations
 
-import asyncio
 import atexit
-import contextlib
 import logging
 import os
 import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 import psycopg
@@ -87,24 +85,21 @@ FROM (SELECT set_config('synchronous_commit', 'off', true)) AS local, unnest(%s:
 class Flusher:
     """One process's notification buffer and the named daemon thread that drains it.
 
-    ``add()`` never blocks on the database. The thread runs an event loop of its own: it flushes
-    as soon as something is pending, then waits ``FLUSH_INTERVAL`` before the next flush, so an
-    idle process notifies at once and a busy one notifies at most once per interval, with
-    everything written meanwhile. Every flush is bounded by QUERY_TIMEOUT (``db.deadline``), so
-    a connection whose peer vanished delays notifications, and the process's exit, by that
-    much at most.
+    ``add()`` never blocks on the database. The thread flushes as soon as something is pending,
+    then waits ``FLUSH_INTERVAL`` before the next flush, so an idle process notifies at once and
+    a busy one notifies at most once per interval, with everything written meanwhile. Every
+    flush is bounded by QUERY_TIMEOUT (``db.watched``), so a connection whose peer vanished
+    delays notifications, and the process's exit, by that much at most.
     """
 
     def __init__(self, *, autostart: bool = True) -> None:
         self._autostart = autostart  # False: no thread; flush() is called by hand (tests)
         self._lock = threading.Lock()
         self._pending: dict[uuid.UUID, Mark] = {}
-        self._kicked = False  # a wake-up of the loop is on its way
-        self._loop = asyncio.new_event_loop()
-        self._wake = asyncio.Event()
-        self._stopping = asyncio.Event()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._conn: psycopg.Connection[Any] | None = None
         self._backoff = db.Backoff()
         self.stats: Counter[str] = Counter()
 
@@ -120,46 +115,24 @@ class Flusher:
             if self._thread is None and self._autostart:
                 self._thread = threading.Thread(target=self._run, name="pgstreams-flusher", daemon=True)
                 self._thread.start()
-            if self._kicked:
-                return
-            self._kicked = True
-        self._call(self._wake.set)
+        if not self._wake.is_set():  # set() takes a lock: skip it while a flush is already due
+            self._wake.set()
 
     def depth(self) -> int:
         return len(self._pending)
 
-    def _call(self, callback: Callable[[], None]) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is closed: the flusher stopped
-            self._loop.call_soon_threadsafe(callback)
-
     def _run(self) -> None:
-        try:
-            self._loop.run_until_complete(self._main())
-        except Exception:
-            logger.exception("pgstreams: the flusher thread failed")
-        finally:
-            self._loop.close()
-
-    async def _main(self) -> None:
-        while not self._stopping.is_set():
-            await self._wake.wait()
+        while not self._stop.is_set():
+            self._wake.wait()
             self._wake.clear()
             started = time.monotonic()
-            delay = await self._flush()
+            delay = self.flush()
             # At most one flush per interval; longer after a failure.
-            pause = max(delay, conf.flush_interval() - (time.monotonic() - started))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), pause)
-        await self._flush()  # the final flush
-        await self._close()
+            self._stop.wait(max(delay, conf.flush_interval() - (time.monotonic() - started)))
+        self.flush()  # the final flush
+        self._close()
 
     def flush(self) -> float:
-        """Send everything pending now, from this thread (a flusher made with autostart=False)."""
-        if self._thread is not None:
-            raise RuntimeError("this flusher has a thread of its own; it flushes by itself")
-        return self._loop.run_until_complete(self._flush())
-
-    async def _flush(self) -> float:
         """Send everything pending in one transaction; return how long to wait before the next.
 
         A failed flush is logged, its notifications are dropped and counted (readers' polling
@@ -167,16 +140,15 @@ class Flusher:
         """
         with self._lock:
             batch, self._pending = self._pending, {}
-            self._kicked = False
         if not batch:
             return 0.0
         payloads = pack(batch.values())
         started = time.monotonic()
         try:
             if self._conn is None or self._conn.closed:
-                self._conn = await db.aconnect(conf.database(), "flusher")
-            async with db.deadline(self._conn, "flushing notifications"):
-                await self._conn.execute(NOTIFY_SQL, (conf.channel(), payloads))
+                self._conn = db.connect(conf.database(), "flusher")
+            with db.watched(self._conn, "flushing notifications"):
+                self._conn.execute(NOTIFY_SQL, (conf.channel(), payloads))
         except Exception as exc:  # a database blip must not kill the thread
             self.stats["dropped"] += len(batch)
             self.stats["failed_flushes"] += 1
@@ -185,7 +157,7 @@ class Flusher:
                 len(batch),
                 exc,
             )
-            await self._close()
+            self._close()
             return self._backoff.next()
         self._backoff.reset()
         metrics.flush_seconds.observe(time.monotonic() - started)
@@ -198,28 +170,29 @@ class Flusher:
     def stop(self, timeout: float | None = None) -> None:
         """Stop the thread after a final flush of what is pending (the flush at exit).
 
-        Waits at most ``timeout`` seconds (by default long enough for a connect and a query);
-        a thread still busy then is left behind, as a daemon, with a warning.
+        The thread flushes, so a flush it is still waiting on is never joined by a second one.
+        Waits at most ``timeout`` seconds (by default long enough for a connect and a query); a
+        thread still busy then is left behind, as a daemon, with a warning.
         """
+        if self._thread is None:  # never started (autostart=False): flush from here
+            self.flush()
+            self._close()
+            return
         if timeout is None:
             timeout = conf.connect_timeout() + conf.query_timeout() + 1
-        if self._thread is None:
-            if not self._loop.is_closed():
-                self._loop.run_until_complete(self._flush())
-                self._loop.run_until_complete(self._close())
-                self._loop.close()
-            return
-        self._call(self._stopping.set)
-        self._call(self._wake.set)
+        self._stop.set()
+        self._wake.set()
         self._thread.join(timeout)
         if self._thread.is_alive():
             logger.warning("pgstreams: flusher thread did not stop within %.1f s", timeout)
 
-    async def _close(self) -> None:
+    def _close(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
-            with contextlib.suppress(Exception):  # closing a broken connection may fail
-                await conn.close()
+            try:
+                conn.close()
+            except Exception:  # closing a broken connection may fail; nothing to do
+                pass
 
 
 _flusher: Flusher | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -91,28 +92,27 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture
-def demo_server() -> Iterator[str]:
-    """``manage.py demo`` on a free loopback port, against the test database."""
-    port = free_port()
-    env = {**os.environ, "DATABASE_URL": subprocess_database_url(), "CHAT_TOKENS_PER_SECOND": "30"}
-    proc = subprocess.Popen(
-        [sys.executable, "manage.py", "demo", "--addrport", f"127.0.0.1:{port}"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+@contextlib.contextmanager
+def serving(command: list[str], port: int, first_line: str | None = None) -> Iterator[str]:
+    """Run ``command`` (a server of the demo's ASGI application on ``port`` of the loopback,
+    against the test database) until the block ends; yields its host:port once it accepts."""
+    env = {
+        **os.environ,
+        "DATABASE_URL": subprocess_database_url(),
+        "DJANGO_SETTINGS_MODULE": "demo_project.settings",
+        "CHAT_TOKENS_PER_SECOND": "30",
+    }
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        assert "pgstreams demo on http://127.0.0.1" in proc.stdout.readline()
+        if first_line is not None:
+            assert first_line in proc.stdout.readline()
         deadline = time.monotonic() + 20
-        while True:  # bounded: until daphne accepts connections
+        while True:  # bounded: until the server accepts connections
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
             except OSError:
-                assert time.monotonic() < deadline and proc.poll() is None, "the demo did not start"
+                assert time.monotonic() < deadline and proc.poll() is None, "the server did not start"
                 time.sleep(0.1)
         yield f"127.0.0.1:{port}"
     finally:
@@ -122,6 +122,26 @@ def demo_server() -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+
+
+@pytest.fixture
+def demo_server() -> Iterator[str]:
+    """``manage.py demo`` (daphne) on a free loopback port, against the test database."""
+    port = free_port()
+    command = [sys.executable, "manage.py", "demo", "--addrport", f"127.0.0.1:{port}"]
+    with serving(command, port, first_line="pgstreams demo on http://127.0.0.1") as host:
+        yield host
+
+
+@pytest.fixture
+def uvicorn_server() -> Iterator[str]:
+    """The demo's ASGI application under uvicorn (its websockets implementation, which applies
+    backpressure) on a free loopback port, against the test database."""
+    port = free_port()
+    command = [sys.executable, "-m", "uvicorn", "demo_project.asgi:application", "--host", "127.0.0.1"]
+    command += ["--port", str(port), "--ws", "websockets-sansio", "--lifespan", "off", "--log-level", "warning"]
+    with serving(command, port) as host:
+        yield host
 
 
 @pytest.fixture(scope="session")

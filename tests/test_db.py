@@ -49,6 +49,18 @@ async def test_a_query_past_the_deadline_is_cut_off_without_waiting_for_the_serv
     assert took < 10  # not the 30 s of the query
 
 
+def test_a_blocking_query_past_the_deadline_is_cut_off_by_the_watchdog() -> None:
+    with override_settings(PGSTREAMS={"QUERY_TIMEOUT": 0.3}):
+        with db.connect("default", "test") as conn:
+            started = time.monotonic()
+            with pytest.raises(db.QueryTimeout, match="within 0.3 s"), db.watched(conn, "sleeping"):
+                conn.execute("SELECT pg_sleep(30)")
+            took = time.monotonic() - started
+            with db.watched(conn, "after"), pytest.raises(psycopg.OperationalError):
+                conn.execute("SELECT 1")  # severed: the caller opens another
+    assert took < 10  # not the 30 s of the query
+
+
 @pytest.mark.usefixtures("fresh_listener")
 def test_a_silent_listen_connection_is_checked_every_interval() -> None:
     with override_settings(PGSTREAMS={"LISTEN_CHECK_INTERVAL": 0.2}):
