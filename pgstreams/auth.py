@@ -11,7 +11,7 @@ from django.core.exceptions import PermissionDenied
 from . import conf
 from .exceptions import StreamNotFound
 from .models import Stream
-from .threads import in_pool
+from .threads import lookups
 
 
 def may_view_all(user: Any) -> bool:
@@ -40,6 +40,9 @@ def _readable_stream(user: Any, stream_id: uuid.UUID) -> Stream:
     return stream
 
 
+_areadable_stream = lookups.wrap(_readable_stream)
+
+
 async def readable_stream(user: Any, stream_id: uuid.UUID) -> Stream:
     """The stream, if ``user`` may read it.
 
@@ -47,4 +50,4 @@ async def readable_stream(user: Any, stream_id: uuid.UUID) -> Stream:
         StreamNotFound: no such stream.
         PermissionDenied: the AUTHORIZE callable said no.
     """
-    return await in_pool(_readable_stream)(user, stream_id)
+    return await _areadable_stream(user, stream_id)

@@ -134,13 +134,14 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
             max_bytes=min(FRAME_BYTES, WINDOW_BYTES - self.unacked_bytes) - len(head) - 2,
         )
         text = head + ",".join(items) + "]}"
-        await self.send(text_data=text)
         sent = batch[: len(items)]
-        metrics.observe_delivery(sent)
+        # Counted before it is sent: a fast client's ack may come back before send() returns.
         self.position = sent[-1].offset + 1
         size = len(text.encode())
         self.unacked.append((frame, self.position, size))
         self.unacked_bytes += size
+        await self.send(text_data=text)
+        metrics.observe_delivery(sent)
         return batch[len(items) :]
 
     def window_full(self) -> bool:

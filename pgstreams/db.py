@@ -92,7 +92,7 @@ class Backoff:
         self.attempt = 0
 
 
-def sever(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+def sever(conn: psycopg.AsyncConnection[Any]) -> None:
     """Shut a connection's socket down, so that whatever waits on it fails at once.
 
     Unlike a query cancel, this needs no answer from a server that may be gone: the next read
@@ -101,7 +101,7 @@ def sever(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
     """
     if conn.closed:
         return
-    with contextlib.suppress(OSError), socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
+    with contextlib.suppress(OSError, psycopg.Error), socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
         sock.shutdown(socket.SHUT_RDWR)
 
 
@@ -133,10 +133,15 @@ async def deadline(conn: psycopg.AsyncConnection[Any], what: str) -> AsyncIterat
 
 
 class _Watch:
-    __slots__ = ("conn", "at", "fired")
+    """A watched query: a duplicate of its connection's socket, taken by the thread that runs
+    the query (so the watchdog never reads the connection, nor a descriptor libpq may have
+    closed and the process reused), and its deadline."""
+
+    __slots__ = ("sock", "at", "fired")
 
     def __init__(self, conn: psycopg.Connection[Any], at: float) -> None:
-        self.conn, self.at, self.fired = conn, at, False
+        self.sock = socket.socket(fileno=os.dup(conn.pgconn.socket))
+        self.at, self.fired = at, False
 
 
 class _Watchdog:
@@ -172,6 +177,7 @@ class _Watchdog:
         finally:
             with self._lock:  # a connection is never severed after its watch ended
                 self._watches.discard(watch)
+            watch.sock.close()
 
     def _run(self) -> None:
         while True:
@@ -184,7 +190,8 @@ class _Watchdog:
                 for watch in self._watches:
                     if not watch.fired and now >= watch.at:
                         watch.fired = True
-                        sever(watch.conn)
+                        with contextlib.suppress(OSError):  # the connection may be gone already
+                            watch.sock.shutdown(socket.SHUT_RDWR)
 
 
 _watchdog = _Watchdog()

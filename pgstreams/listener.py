@@ -22,6 +22,7 @@ import asyncio
 import atexit
 import concurrent.futures
 import datetime
+import itertools
 import logging
 import os
 import random
@@ -43,6 +44,8 @@ logger = logging.getLogger("pgstreams.listener")
 
 # Chunks fetched at most per stream and query.
 PAGE_SIZE: Final = 500
+# Pages fetched at most in one query (fewer after a query ran out of time: see _fetch_forever).
+FETCH_KEYS: Final = 256
 # A tail keeps at most this many chunks and characters of data (but always the last page).
 WINDOW_CHUNKS: Final = 2048
 WINDOW_CHARS: Final = 1 << 20
@@ -181,6 +184,7 @@ class Listener:
         self._requests: dict[tuple[uuid.UUID, int], list[concurrent.futures.Future[Page]]] = {}
         self._kicked = False
         self._behind_pending = False  # a _fetch_behind() is scheduled
+        self._fetch_limit = FETCH_KEYS
         self._conns: set[psycopg.AsyncConnection[Any]] = set()  # open, severed at stop
         self._stopped = False
         self.stats: Counter[str] = Counter()
@@ -381,7 +385,7 @@ class Listener:
             while True:
                 await self._work.wait()
                 self._work.clear()
-                keys, polled = self._collect()
+                keys, polled = self._collect(self._fetch_limit)
                 if not keys:
                     continue
                 try:
@@ -391,6 +395,10 @@ class Listener:
                 except Exception as exc:
                     self.stats["fetch_errors"] += 1
                     logger.warning("pgstreams: fetching chunks failed, retrying: %s", exc)
+                    if isinstance(exc, db.QueryTimeout):
+                        # Too much for one deadline, perhaps (a backlog after a reconnect):
+                        # fetch it in smaller rounds rather than run out of time again.
+                        self._fetch_limit = max(1, len(keys) // 2)
                     await conns.close()
                     with self._lock:
                         for stream_id, _ in keys:
@@ -400,6 +408,7 @@ class Listener:
                     self._work.set()
                     continue
                 backoff.reset()
+                self._fetch_limit = min(FETCH_KEYS, 2 * self._fetch_limit)
                 if waiting:
                     self.stats["read_behind"] += 1
                     if not self._behind_pending:  # one retry pending at a time
@@ -498,18 +507,26 @@ class Listener:
                     tail.dirty = True
             self._work.set()
 
-    def _collect(self) -> tuple[list[tuple[uuid.UUID, int]], set[uuid.UUID]]:
-        """The (stream, offset) pages to fetch now: readers' requests and dirty tails."""
+    def _collect(self, limit: int) -> tuple[list[tuple[uuid.UUID, int]], set[uuid.UUID]]:
+        """The (stream, offset) pages to fetch now, at most ``limit``: readers' requests first,
+        then dirty tails. What does not fit stays pending, for a round that follows at once."""
         with self._lock:
             self._kicked = False
-            keys = set(self._requests)
+            keys = dict.fromkeys(itertools.islice(self._requests, limit))
+            more = len(self._requests) > len(keys)
             polled = set()
             for tail in self._tails.values():
                 if tail.dirty and tail.start is not None:
-                    keys.add((tail.stream_id, tail.end))
+                    key = (tail.stream_id, tail.end)
+                    if key not in keys and len(keys) >= limit:
+                        more = True
+                        continue  # still dirty: fetched in the next round
+                    keys[key] = None
                     if tail.polled:
                         polled.add(tail.stream_id)
                 tail.dirty = tail.polled = False
+            if more:
+                self._work.set()
             return list(keys), polled
 
     def _deliver(self, pages: dict[tuple[uuid.UUID, int], Page], polled: set[uuid.UUID]) -> bool:

@@ -1,12 +1,16 @@
-"""Where async callers run pgstreams' blocking database work: a pool of ``ASYNC_THREADS`` named
-threads per process, each with Django connections of its own.
+"""Where async callers run pgstreams' blocking database work: two pools of named threads per
+process, each thread with Django connections of its own. ``writes`` (``ASYNC_THREADS`` threads)
+runs the async twins of the writers; ``lookups`` (two threads) runs the WebSocket and SSE
+endpoints' authorization lookups, so that writes waiting on row locks never hold up a connect.
 
 Not asgiref's one shared thread, which ``sync_to_async`` uses by default outside a request: there,
 one write waiting on a row lock would hold up every other write and every WebSocket's
 authorization lookup in the process. Only for work that needs no caller's transaction (an async
 caller has none). A pool thread keeps its connections open between calls, as a thread outside
 Django's request cycle does; one the server closed, or that failed and no longer answers, is
-replaced at the next call.
+replaced at the next call. The threads are joined when the interpreter exits, so a call blocked
+on a connection whose peer vanished holds the exit as long as that connection's own limits
+allow (give the alias ``connect_timeout``, keepalives and ``tcp_user_timeout`` in OPTIONS).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import select
 import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, Final, ParamSpec, TypeVar
 
 import psycopg
 from asgiref.sync import SyncToAsync
@@ -28,32 +32,47 @@ from . import conf
 P = ParamSpec("P")
 R = TypeVar("R")
 
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
+LOOKUP_THREADS: Final = 2
 
 
-def pool() -> ThreadPoolExecutor:
-    """This process's pool, made on first use (and anew in a forked child)."""
-    global _pool
-    if _pool is None:
-        with _pool_lock:
-            if _pool is None:
-                _pool = ThreadPoolExecutor(max_workers=conf.async_threads(), thread_name_prefix="pgstreams-sync")
-    return _pool
+class Pool:
+    """Named threads that run blocking calls for async callers; made on first use, with the
+    size ``size()`` says then, and anew in a forked child."""
+
+    def __init__(self, name: str, size: Callable[[], int]) -> None:
+        self.name = name
+        self._size = size
+        self._executor: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        os.register_at_fork(after_in_child=self._forget)
+
+    def executor(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            with self._lock:
+                if self._executor is None:
+                    self._executor = ThreadPoolExecutor(max_workers=self._size(), thread_name_prefix=self.name)
+        return self._executor
+
+    def wrap(self, func: Callable[P, R]) -> Callable[P, Awaitable[R]]:
+        """``func`` for async callers: the same call, run on this pool, never on the event loop."""
+
+        def call(*args: P.args, **kwargs: P.kwargs) -> R:
+            _drop_broken_connections()
+            return func(*args, **kwargs)
+
+        @functools.wraps(func)
+        async def run(*args: P.args, **kwargs: P.kwargs) -> R:
+            return await SyncToAsync(call, thread_sensitive=False, executor=self.executor())(*args, **kwargs)
+
+        return run
+
+    def _forget(self) -> None:
+        self._executor = None  # the parent's threads do not exist here
+        self._lock = threading.Lock()
 
 
-def in_pool(func: Callable[P, R]) -> Callable[P, Awaitable[R]]:
-    """``func`` for async callers: the same call, run on the pool, never on the event loop."""
-
-    def call(*args: P.args, **kwargs: P.kwargs) -> R:
-        _drop_broken_connections()
-        return func(*args, **kwargs)
-
-    @functools.wraps(func)
-    async def run(*args: P.args, **kwargs: P.kwargs) -> R:
-        return await SyncToAsync(call, thread_sensitive=False, executor=pool())(*args, **kwargs)
-
-    return run
+writes = Pool("pgstreams-write", conf.async_threads)
+lookups = Pool("pgstreams-lookup", lambda: LOOKUP_THREADS)
 
 
 def _drop_broken_connections() -> None:
@@ -75,14 +94,6 @@ def _spoken_to(conn: psycopg.Connection[Any]) -> bool:
     """Whether the server has sent anything to this idle connection; never waits."""
     if conn.closed:
         return False
-    readable, _, _ = select.select([conn.fileno()], [], [], 0)
-    return bool(readable)
-
-
-def _after_fork_in_child() -> None:
-    global _pool, _pool_lock
-    _pool = None  # the parent's threads do not exist here
-    _pool_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLIN)
+    return bool(poller.poll(0))

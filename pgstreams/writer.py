@@ -15,10 +15,9 @@ from typing import Any
 import psycopg
 from django.db import connections, transaction
 
-from . import conf, listener, metrics, notify, signals
+from . import conf, listener, metrics, notify, signals, threads
 from .exceptions import ChunkTooLarge, InvalidChunk, StreamClosed, StreamNotFound
 from .models import Stream
-from .threads import in_pool
 
 # The stream row's counter is taken and the chunk inserted in one statement. The UPDATE's row
 # lock serialises the writers of one stream until commit, so per stream commit order is offset
@@ -291,7 +290,7 @@ def close(stream_id: Any, *, using: str | None = None, synchronous_commit: str |
 
 # The async twins run on pgstreams' own threads: concurrent writes do not queue behind each
 # other, nor behind the process's other sync work.
-acreate_stream = in_pool(create_stream)
-awrite = in_pool(write)
-awrite_many = in_pool(write_many)
-aclose = in_pool(close)
+acreate_stream = threads.writes.wrap(create_stream)
+awrite = threads.writes.wrap(write)
+awrite_many = threads.writes.wrap(write_many)
+aclose = threads.writes.wrap(close)

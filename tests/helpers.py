@@ -66,5 +66,19 @@ class RawWebSocket:
         masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
         self.sock.sendall(bytes([0x81, 0x80 | len(payload)]) + mask + masked)
 
+    def read_to_end(self, timeout: float = 10) -> bytes:
+        """Everything the server sent after the handshake, up to its end of stream (or timeout)."""
+        self.sock.settimeout(timeout)
+        data = b""
+        for _ in range(100_000):  # bounded: the server closes, or recv times out
+            try:
+                part = self.sock.recv(65536)
+            except (TimeoutError, OSError):
+                break
+            if not part:
+                break
+            data += part
+        return data
+
     def close(self) -> None:
         self.sock.close()

@@ -56,7 +56,7 @@ def test_a_blocking_query_past_the_deadline_is_cut_off_by_the_watchdog() -> None
             with pytest.raises(db.QueryTimeout, match="within 0.3 s"), db.watched(conn, "sleeping"):
                 conn.execute("SELECT pg_sleep(30)")
             took = time.monotonic() - started
-            with db.watched(conn, "after"), pytest.raises(psycopg.OperationalError):
+            with pytest.raises(psycopg.OperationalError), db.watched(conn, "after"):
                 conn.execute("SELECT 1")  # severed: the caller opens another
     assert took < 10  # not the 30 s of the query
 

@@ -351,3 +351,23 @@ def test_chunks_pruned_ahead_of_a_waiting_reader_raise_chunks_pruned() -> None:
     assert (caught.value.offset, caught.value.first_offset) == (5, 10)
     pgstreams.close(s.id)
     assert pairs(pgstreams.read(s.id, from_offset=10, timeout=5)) == [(10, "c10")]
+
+
+@pytest.mark.usefixtures("fresh_listener")
+def test_more_pages_than_one_query_takes_are_fetched_in_rounds_that_follow_at_once(monkeypatch) -> None:
+    monkeypatch.setattr(listener, "FETCH_KEYS", 3)
+    streams = [pgstreams.create_stream() for _ in range(20)]
+    for s in streams:
+        pgstreams.write_many(s.id, [str(i) for i in range(5)])
+        pgstreams.close(s.id)
+    got: dict = {}
+    threads = [
+        threading.Thread(target=lambda s=s: got.__setitem__(s.id, [c.data for c in pgstreams.read(s.id, timeout=10)]))
+        for s in streams
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert got == {s.id: [str(i) for i in range(5)] for s in streams}
+    assert listener.get_listener().stats["fetches"] >= 7  # 20 first pages, 3 at a time

@@ -12,7 +12,7 @@ from django.db import connection, transaction
 from django.test import override_settings
 
 import pgstreams
-from pgstreams import db
+from pgstreams import conf, db
 from pgstreams.models import Chunk, Stream
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -277,19 +277,22 @@ async def test_async_writes_queue_neither_behind_a_blocked_write_nor_block_other
     holder = await psycopg.AsyncConnection.connect(**db.connect_kwargs("default", "test"))
     async with holder.transaction():  # another connection holds the stream's row lock
         await holder.execute("SELECT 1 FROM pgstreams_stream WHERE id = %s FOR UPDATE", [locked.id])
-        blocked = asyncio.create_task(pgstreams.awrite(locked.id, "waits for the lock"))
+        blocked = [asyncio.create_task(pgstreams.awrite(locked.id, "waits for the lock"))]
         await asyncio.sleep(0.3)
-        assert not blocked.done()
-        # Another write, a WebSocket's connect (its authorization lookup) and its reads go on.
+        # Another write goes on.
         assert await asyncio.wait_for(pgstreams.awrite(free.id, "meanwhile"), 10) == 1
+        # With every write thread waiting on the lock, a WebSocket still connects (its
+        # authorization lookup) and reads.
+        blocked += [asyncio.create_task(pgstreams.awrite(locked.id, "waits")) for _ in range(conf.async_threads())]
+        await asyncio.sleep(0.3)
         ws = WebsocketCommunicator(URLRouter(websocket_urlpatterns), f"/ws/pgstreams/{free.id}/")
         ws.scope["user"] = AnonymousUser()
         assert (await asyncio.wait_for(ws.connect(), 10))[0]
         frame = await ws.receive_json_from(10)
         assert [i["data"] for i in frame["items"]] == ["ready", "meanwhile"]
         await ws.disconnect()
-        assert not blocked.done()
-    assert await asyncio.wait_for(blocked, 10) == 0
+        assert not any(task.done() for task in blocked)
+    assert sorted(await asyncio.wait_for(asyncio.gather(*blocked), 10)) == list(range(len(blocked)))
     await holder.close()
 
 
@@ -304,7 +307,7 @@ async def test_async_writes_open_new_connections_after_the_server_closed_theirs(
     def backend() -> int:
         return connections["default"].connection.info.backend_pid
 
-    pids = {await threads.in_pool(backend)() for _ in range(16)}
+    pids = {await threads.writes.wrap(backend)() for _ in range(16)}
     other = await psycopg.AsyncConnection.connect(**db.connect_kwargs("default", "test"))
     # As a server restart, or a pooler's idle timeout, would; once they are gone, write again.
     await other.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", [list(pids)])
