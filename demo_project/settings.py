@@ -22,6 +22,7 @@ INSTALLED_APPS = [
     "channels",
     "pgstreams",
     "demo_project.chat",
+    "bench",  # manage.py pgstreams_bench: the benchmark, kept out of the installed app
 ]
 
 MIDDLEWARE = [

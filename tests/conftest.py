@@ -146,10 +146,10 @@ def uvicorn_server() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def replica(django_db_blocker) -> Iterator[tuple[Any, str, str]]:
-    """A primary and a synchronous streaming standby (pgstreams.bench.replica), migrated and in
+    """A primary and a synchronous streaming standby (bench.replica), migrated and in
     settings.DATABASES as ``replica_primary`` and ``replica_standby``; torn down after the session.
     Yields (the pair, the primary's alias, the standby's alias)."""
-    from pgstreams.bench.replica import ReplicaPair, installed
+    from bench.replica import ReplicaPair, installed
 
     with ReplicaPair() as pair, django_db_blocker.unblock(), installed(pair, "replica") as (primary, standby):
         yield pair, primary, standby

@@ -22,8 +22,8 @@ from django.test import override_settings
 from prometheus_client import REGISTRY
 
 import pgstreams
+from bench.replica import ReplicaPair
 from pgstreams import listener, notify
-from pgstreams.bench.replica import ReplicaPair
 from pgstreams.conf import SYNCHRONOUS_COMMIT_LEVELS
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.faults]
@@ -197,7 +197,7 @@ def test_every_level_is_accepted_on_the_pair(on_the_pair) -> None:
 
 
 def test_a_pair_left_by_a_killed_process_is_stopped_and_removed_by_the_next() -> None:
-    code = "from pgstreams.bench.replica import ReplicaPair; p = ReplicaPair(); p.start(); print(p.root, flush=True)"
+    code = "from bench.replica import ReplicaPair; p = ReplicaPair(); p.start(); print(p.root, flush=True)"
     proc = subprocess.Popen(
         [sys.executable, "-c", code + "; import time; time.sleep(300)"], stdout=subprocess.PIPE, text=True
     )

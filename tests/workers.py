@@ -172,18 +172,20 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--os-exit", action="store_true", help="hang: leave through os._exit() instead of sleeping")
     args = parser.parse_args(argv)
 
-    if args.via:
-        from django.conf import settings
+    from django.conf import settings
 
+    overrides: dict = {}
+    if args.via:
         from demo_project.database import from_url
 
-        settings.DATABASES["via"] = from_url(args.via)
-        settings.PGSTREAMS = {**settings.PGSTREAMS, "DATABASE": "via"}
-    django.setup()
+        settings.DATABASES["via"] = from_url(args.via)  # before django.setup() configures connections
+        overrides["DATABASE"] = "via"
     if args.flush_interval is not None:
-        from django.conf import settings
+        overrides["FLUSH_INTERVAL"] = args.flush_interval
+    django.setup()
+    from django.test import override_settings
 
-        settings.PGSTREAMS = {**settings.PGSTREAMS, "FLUSH_INTERVAL": args.flush_interval}
+    override_settings(PGSTREAMS={**settings.PGSTREAMS, **overrides}).enable()  # for the life of the process
     if args.mode == "threads":
         threads(args.stream, args.threads, args.per_thread)
     elif args.mode == "hang":

@@ -1,4 +1,4 @@
-"""``manage.py pgstreams_bench``: a thin wrapper over ``pgstreams.bench``."""
+"""``manage.py pgstreams_bench``: a thin wrapper over the ``bench`` package."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from pgstreams.bench.report import plot, table
-from pgstreams.bench.run import MODES, Config, run
+from bench.report import plot, table
+from bench.run import MODES, Config, run
 
 
 class Command(BaseCommand):

@@ -4,22 +4,23 @@ of one run. Nothing here writes chunks itself."""
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
 import os
 import platform
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from django.conf import settings
 from django.db import connections
+from django.test import override_settings
 
-from .. import conf
-from ..conf import SYNCHRONOUS_COMMIT_LEVELS
-from ..models import Stream
+from pgstreams import conf
+from pgstreams.conf import SYNCHRONOUS_COMMIT_LEVELS
+from pgstreams.models import Stream
+
 from . import procs
 
 MODES = ("insert_only", "buffered", "per_write", "off")
@@ -136,16 +137,12 @@ REPLICA_KEYS = (
 )
 
 
-@contextlib.contextmanager
-def _pgstreams_settings(**values: Any) -> Iterator[None]:
+def _pgstreams_settings(**values: Any) -> override_settings:
     """settings.PGSTREAMS with ``values`` on top, for the block (the children get it by Boot).
     LISTEN_DATABASE is reset: the project's own listener alias is not the benchmark's database."""
-    saved = getattr(settings, "PGSTREAMS", None)
-    settings.PGSTREAMS = {**(saved or {}), "LISTEN_DATABASE": None, **values}
-    try:
-        yield
-    finally:
-        settings.PGSTREAMS = saved
+    return override_settings(
+        PGSTREAMS={**(getattr(settings, "PGSTREAMS", None) or {}), "LISTEN_DATABASE": None, **values}
+    )
 
 
 def boot(mode: str) -> procs.Boot:

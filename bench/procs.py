@@ -35,7 +35,9 @@ def setup(boot: Boot) -> None:
     import django
 
     django.setup()
-    settings.PGSTREAMS = boot.pgstreams
+    from django.test import override_settings
+
+    override_settings(PGSTREAMS=boot.pgstreams).enable()  # for the life of the process
 
 
 @dataclass
