@@ -9,39 +9,20 @@ from django.db import connections
 
 from . import conf
 
-_SETTING_IDS = {
-    "NOTIFY_MODE": "pgstreams.E002",
-    "FLUSH_INTERVAL": "pgstreams.E003",
-    "POLL_INTERVAL": "pgstreams.E004",
-    "CHANNEL": "pgstreams.E005",
-    "MAX_CHUNK_BYTES": "pgstreams.E006",
-    "DATABASE": "pgstreams.E007",
-    "AUTHORIZE": "pgstreams.E008",
-    "PREPARED_STATEMENTS": "pgstreams.E009",
-    "LISTEN_DATABASE": "pgstreams.E010",
-    "METRICS_TOKEN": "pgstreams.E011",
-    "SYNCHRONOUS_COMMIT": "pgstreams.E012",
-    "READ_DATABASE": "pgstreams.E013",
-    "CONNECT_TIMEOUT": "pgstreams.E014",
-    "QUERY_TIMEOUT": "pgstreams.E015",
-    "LISTEN_CHECK_INTERVAL": "pgstreams.E016",
-    "ASYNC_THREADS": "pgstreams.E017",
-}
-
 
 @register()
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
-    found: list[Any] = []
-    for name, check_id in _SETTING_IDS.items():
-        error = conf.problem(name)
-        if error:
-            found.append(Error(error, hint=f"Fix or remove {name} in settings.PGSTREAMS.", id=check_id))
+    found: list[Any] = [
+        Error(error, hint=f"Fix or remove {setting.name} in settings.PGSTREAMS.", id=setting.check_id)
+        for setting in conf.SETTINGS.values()
+        if (error := setting.problem())
+    ]
     unknown = conf.unknown_keys()
     if unknown:
         found.append(
             Warning(
                 f"settings.PGSTREAMS has keys pgstreams does not know: {', '.join(unknown)}",
-                hint=f"The settings are {', '.join(conf.DEFAULTS)}.",
+                hint=f"The settings are {', '.join(conf.SETTINGS)}.",
                 id="pgstreams.W001",
             )
         )
@@ -50,7 +31,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
 
 @register(deploy=False)
 def check_database(app_configs: Any = None, **kwargs: Any) -> list[Any]:
-    if conf.problem("DATABASE"):
+    if conf.database.problem():
         return []  # reported by check_settings
     alias = conf.database()
     vendor = connections[alias].vendor
@@ -68,7 +49,7 @@ def check_database(app_configs: Any = None, **kwargs: Any) -> list[Any]:
 @register()
 def check_listen_database(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     """LISTEN needs a session of its own: through PgBouncer in transaction mode it goes deaf."""
-    if conf.problem("LISTEN_DATABASE") or conf.problem("DATABASE"):
+    if conf.SETTINGS["LISTEN_DATABASE"].problem() or conf.database.problem():
         return []
     alias = conf.listen_database()
     settings_dict = connections[alias].settings_dict

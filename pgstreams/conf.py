@@ -1,40 +1,23 @@
-"""Settings: the one place that reads ``settings.PGSTREAMS``.
+"""Settings: the one place that reads ``settings.PGSTREAMS``, and the one declaration of each.
 
-Every value is read when it is used, so ``override_settings`` takes effect at once. Each setting
-has one validation rule, shared by its accessor (which raises ``ImproperlyConfigured``) and by the
-system checks in ``checks.py``.
+Each setting is one ``Setting``: its key, default, rule, the text of a valid value, its system
+check id and its line in the README's table. The accessor is the declaration itself
+(``conf.notify_mode()``), read when used, so ``override_settings`` takes effect at once; checks,
+defaults and the README's table (held to these by a test) derive from the declarations.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.utils.module_loading import import_string
-
-DEFAULTS: dict[str, Any] = {
-    "NOTIFY_MODE": "buffered",
-    "FLUSH_INTERVAL": 0.01,
-    "POLL_INTERVAL": 1.0,
-    "CHANNEL": "pgstreams",
-    "MAX_CHUNK_BYTES": 65536,
-    "DATABASE": "default",
-    "AUTHORIZE": "pgstreams.auth.default_authorize",
-    "PREPARED_STATEMENTS": True,
-    "LISTEN_DATABASE": None,
-    "METRICS_TOKEN": None,
-    "SYNCHRONOUS_COMMIT": None,
-    "READ_DATABASE": None,
-    "CONNECT_TIMEOUT": 5,
-    "QUERY_TIMEOUT": 5.0,
-    "LISTEN_CHECK_INTERVAL": 5.0,
-    "ASYNC_THREADS": 4,
-}
 
 NOTIFY_MODES = ("buffered", "per_write", "off")
 # PostgreSQL's synchronous_commit values, from the one whose commit waits least to the one that
@@ -44,12 +27,30 @@ SYNCHRONOUS_COMMIT_LEVELS = ("off", "local", "remote_write", "on", "remote_apply
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
-def _positive_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+@dataclass(frozen=True)
+class Rule:
+    """What a valid value is: a test, and how to say it in an error."""
+
+    test: Callable[[Any], bool]
+    text: str
 
 
-def _identifier(value: Any) -> bool:
-    return isinstance(value, str) and bool(_IDENTIFIER.match(value)) and len(value.encode()) <= 63
+def _one_of(values: tuple[str, ...], *, or_none: str = "") -> Rule:
+    listed = ", ".join(map(repr, values))
+    if or_none:
+        return Rule(lambda v: v is None or v in values, f"None ({or_none}) or one of {listed}")
+    return Rule(lambda v: v in values, f"one of {listed}")
+
+
+def _whole(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _alias(none: str = "", of: str = "") -> Rule:
+    text = f"a key of settings.DATABASES{of}"
+    if none:
+        return Rule(lambda v: v is None or (isinstance(v, str) and v in settings.DATABASES), f"None ({none}) or {text}")
+    return Rule(lambda v: isinstance(v, str) and v in settings.DATABASES, text)
 
 
 def _importable(path: Any) -> bool:
@@ -61,52 +62,54 @@ def _importable(path: Any) -> bool:
         return False
 
 
-# name -> (rule, what a valid value looks like)
-_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "NOTIFY_MODE": (lambda v: v in NOTIFY_MODES, f"one of {', '.join(map(repr, NOTIFY_MODES))}"),
-    "FLUSH_INTERVAL": (_positive_number, "a positive number of seconds"),
-    "POLL_INTERVAL": (_positive_number, "a positive number of seconds"),
-    "CHANNEL": (
-        _identifier,
-        "a plain SQL identifier (letters, digits and underscores, not starting with a digit) of at most 63 bytes",
-    ),
-    "MAX_CHUNK_BYTES": (
-        lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
-        "a positive whole number of bytes",
-    ),
-    "DATABASE": (lambda v: isinstance(v, str) and v in settings.DATABASES, "a key of settings.DATABASES"),
-    "AUTHORIZE": (
-        _importable,
-        "the dotted path of a callable(user, stream) -> bool",
-    ),
-    "PREPARED_STATEMENTS": (lambda v: isinstance(v, bool), "True or False"),
-    "LISTEN_DATABASE": (
-        lambda v: v is None or (isinstance(v, str) and v in settings.DATABASES),
-        "None (use DATABASE) or a key of settings.DATABASES that connects to Postgres directly",
-    ),
-    "METRICS_TOKEN": (
-        lambda v: v is None or (isinstance(v, str) and len(v) >= 16),
-        "None or a secret of 16 characters or more",
-    ),
-    "SYNCHRONOUS_COMMIT": (
-        lambda v: v is None or v in SYNCHRONOUS_COMMIT_LEVELS,
-        f"None (the server's own setting) or one of {', '.join(map(repr, SYNCHRONOUS_COMMIT_LEVELS))}",
-    ),
-    "READ_DATABASE": (
-        lambda v: v is None or (isinstance(v, str) and v in settings.DATABASES),
-        "None (read from DATABASE) or a key of settings.DATABASES, such as a hot standby of DATABASE",
-    ),
-    "CONNECT_TIMEOUT": (
-        lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 2,
-        "a whole number of seconds, 2 or more (libpq's connect_timeout)",
-    ),
-    "QUERY_TIMEOUT": (_positive_number, "a positive number of seconds"),
-    "LISTEN_CHECK_INTERVAL": (_positive_number, "a positive number of seconds"),
-    "ASYNC_THREADS": (
-        lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
-        "a positive whole number of threads",
-    ),
-}
+SECONDS = Rule(lambda v: (_whole(v) or isinstance(v, float)) and v > 0, "a positive number of seconds")
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Setting(Generic[T]):
+    """One key of ``settings.PGSTREAMS``. Calling it returns the value in effect, validated
+    (``ImproperlyConfigured`` says what is wrong) and converted by ``convert``."""
+
+    name: str
+    default: Any
+    rule: Rule
+    check_id: str
+    doc: str  # the "meaning" cell of the README's settings table
+    convert: Callable[[Any], T] = lambda v: v
+
+    def __post_init__(self) -> None:
+        SETTINGS[self.name] = self
+
+    def __call__(self) -> T:
+        if self.name not in _validated:
+            error = self.problem()
+            if error:
+                raise ImproperlyConfigured(error)
+            _validated[self.name] = self.convert(self.raw())
+        return _validated[self.name]
+
+    def raw(self) -> Any:
+        """The value in ``settings.PGSTREAMS``, or the default; not validated."""
+        return _user_settings().get(self.name, self.default)
+
+    def problem(self) -> str | None:
+        """What is wrong with the value in effect, or None when it is valid."""
+        value = self.raw()
+        if self.rule.test(value):
+            return None
+        return f"PGSTREAMS[{self.name!r}] is {value!r}; it must be {self.rule.text}"
+
+
+SETTINGS: dict[str, Setting[Any]] = {}  # every setting, in declaration order
+_validated: dict[str, Any] = {}  # values checked since the settings last changed
+
+
+@receiver(setting_changed)
+def _forget_validated(**kwargs: Any) -> None:
+    _validated.clear()
 
 
 def _user_settings() -> dict[str, Any]:
@@ -114,119 +117,148 @@ def _user_settings() -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def get(name: str) -> Any:
-    """Return setting ``name`` from ``settings.PGSTREAMS``, or its default (unvalidated)."""
-    if name not in DEFAULTS:
-        raise KeyError(f"unknown pgstreams setting {name!r}; the settings are {', '.join(DEFAULTS)}")
-    return _user_settings().get(name, DEFAULTS[name])
-
-
-def problem(name: str) -> str | None:
-    """Say what is wrong with setting ``name``, or return None when it is valid."""
-    value = get(name)
-    rule, expected = _RULES[name]
-    if rule(value):
-        return None
-    return f"PGSTREAMS[{name!r}] is {value!r}; it must be {expected}"
-
-
 def unknown_keys() -> list[str]:
     """Keys of ``settings.PGSTREAMS`` that pgstreams does not know (most likely typos)."""
-    return sorted(set(_user_settings()) - set(DEFAULTS))
+    return sorted(set(_user_settings()) - set(SETTINGS))
 
 
-# Validated values, for as long as settings.PGSTREAMS is the same object (override_settings and
-# assignment replace it; setting_changed clears the cache for changes to other settings).
-_validated: tuple[object, dict[str, Any]] = (object(), {})
-
-
-def _valid(name: str) -> Any:
-    global _validated
-    source = getattr(settings, "PGSTREAMS", None)
-    seen, values = _validated
-    if source is seen and name in values:
-        return values[name]
-    error = problem(name)
-    if error:
-        raise ImproperlyConfigured(error)
-    if source is not seen:
-        _validated = seen, values = source, {}
-    values[name] = get(name)
-    return values[name]
-
-
-@receiver(setting_changed)
-def _forget_validated(**kwargs: Any) -> None:
-    global _validated
-    _validated = (object(), {})
-
-
-def notify_mode() -> str:
-    return _valid("NOTIFY_MODE")
-
-
-def flush_interval() -> float:
-    return float(_valid("FLUSH_INTERVAL"))
-
-
-def poll_interval() -> float:
-    return float(_valid("POLL_INTERVAL"))
-
-
-def channel() -> str:
-    return _valid("CHANNEL")
-
-
-def max_chunk_bytes() -> int:
-    return _valid("MAX_CHUNK_BYTES")
-
-
-def database() -> str:
-    return _valid("DATABASE")
+notify_mode: Setting[str] = Setting(
+    "NOTIFY_MODE",
+    "buffered",
+    _one_of(NOTIFY_MODES),
+    "pgstreams.E002",
+    '`"buffered"`: notify after commit through the per-process buffer; `"per_write"`: `pg_notify` inside each '
+    'writing transaction (the classic design, kept as the benchmark\'s baseline); `"off"`: no notifications, '
+    "readers rely on polling",
+)
+flush_interval: Setting[float] = Setting(
+    "FLUSH_INTERVAL",
+    0.01,
+    SECONDS,
+    "pgstreams.E003",
+    "seconds between two flushes of a process's buffer, at the most; an idle flusher sends a new entry at once",
+    float,
+)
+poll_interval: Setting[float] = Setting(
+    "POLL_INTERVAL",
+    1.0,
+    SECONDS,
+    "pgstreams.E004",
+    "seconds between fallback polls of a process's listener (jittered by ±20%)",
+    float,
+)
+channel: Setting[str] = Setting(
+    "CHANNEL",
+    "pgstreams",
+    Rule(
+        lambda v: isinstance(v, str) and bool(_IDENTIFIER.match(v)) and len(v.encode()) <= 63,
+        "a plain SQL identifier (letters, digits and underscores, not starting with a digit) of at most 63 bytes",
+    ),
+    "pgstreams.E005",
+    "the LISTEN/NOTIFY channel: a plain identifier of at most 63 bytes",
+)
+max_chunk_bytes: Setting[int] = Setting(
+    "MAX_CHUNK_BYTES",
+    65536,
+    Rule(lambda v: _whole(v) and v > 0, "a positive whole number of bytes"),
+    "pgstreams.E006",
+    "the largest chunk `write()` accepts, in bytes of UTF-8",
+)
+database: Setting[str] = Setting(
+    "DATABASE", "default", _alias(), "pgstreams.E007", "the database alias that holds the streams"
+)
+authorize: Setting[Callable[[Any, Any], bool]] = Setting(
+    "AUTHORIZE",
+    "pgstreams.auth.default_authorize",
+    Rule(_importable, "the dotted path of a callable(user, stream) -> bool"),
+    "pgstreams.E008",
+    "who may read a stream over WebSocket and SSE (see Authorization)",
+    import_string,
+)
+prepared_statements: Setting[bool] = Setting(
+    "PREPARED_STATEMENTS",
+    True,
+    Rule(lambda v: isinstance(v, bool), "True or False"),
+    "pgstreams.E009",
+    "writes run as a server-side prepared statement on Django's connection (parsed and planned once per "
+    "connection: about 30% more writes/s measured); set `False` behind a pooler that cannot keep prepared "
+    "statements (PgBouncer before 1.21 in transaction mode)",
+)
+_listen_database: Setting[str | None] = Setting(
+    "LISTEN_DATABASE",
+    None,
+    _alias("use DATABASE", " that connects to Postgres directly"),
+    "pgstreams.E010",
+    "the alias of the listener's LISTEN connection (default: `DATABASE`); LISTEN needs a session of its own, so "
+    "when `DATABASE` goes through PgBouncer in transaction pooling mode, point this at an alias that connects to "
+    "Postgres directly (`manage.py check` warns, `pgstreams.W002`)",
+)
+metrics_token: Setting[str | None] = Setting(
+    "METRICS_TOKEN",
+    None,
+    Rule(lambda v: v is None or (isinstance(v, str) and len(v) >= 16), "None or a secret of 16 characters or more"),
+    "pgstreams.E011",
+    "a secret (16 characters or more) that lets a scraper read `metrics/` with `Authorization: Bearer <token>`; "
+    "staff can always read it",
+)
+synchronous_commit: Setting[str | None] = Setting(
+    "SYNCHRONOUS_COMMIT",
+    None,
+    _one_of(SYNCHRONOUS_COMMIT_LEVELS, or_none="the server's own setting"),
+    "pgstreams.E012",
+    'the `synchronous_commit` level of writes that pass none (`"off"`, `"local"`, `"remote_write"`, `"on"`, '
+    '`"remote_apply"`); `None` keeps the server\'s own',
+)
+_read_database: Setting[str | None] = Setting(
+    "READ_DATABASE",
+    None,
+    _alias("read from DATABASE", ", such as a hot standby of DATABASE"),
+    "pgstreams.E013",
+    "the alias readers fetch chunks and stream state from, such as a hot standby of `DATABASE`; writes, LISTEN "
+    "and authorization stay on `DATABASE` (see [readers on a hot standby](docs/GUIDE.md#8-readers-on-a-hot-standby))",
+)
+connect_timeout: Setting[int] = Setting(
+    "CONNECT_TIMEOUT",
+    5,
+    Rule(lambda v: _whole(v) and v >= 2, "a whole number of seconds, 2 or more (libpq's connect_timeout)"),
+    "pgstreams.E014",
+    "seconds (a whole number, 2 or more) to open one of pgstreams' own connections (listener, fetcher, flusher)",
+)
+query_timeout: Setting[float] = Setting(
+    "QUERY_TIMEOUT",
+    5.0,
+    SECONDS,
+    "pgstreams.E015",
+    "seconds a query on pgstreams' own connections may take, its whole answer included; past it the connection "
+    "is cut and opened again (a fetch round that ran out of time is split into smaller ones). It also sets their "
+    "TCP keepalives and `tcp_user_timeout`, so a peer that vanished is noticed within seconds (see "
+    "[failover](docs/GUIDE.md#5-deployment))",
+    float,
+)
+listen_check_interval: Setting[float] = Setting(
+    "LISTEN_CHECK_INTERVAL",
+    5.0,
+    SECONDS,
+    "pgstreams.E016",
+    "seconds without a notification after which the listener checks its LISTEN connection with a query",
+    float,
+)
+async_threads: Setting[int] = Setting(
+    "ASYNC_THREADS",
+    4,
+    Rule(lambda v: _whole(v) and v > 0, "a positive whole number of threads"),
+    "pgstreams.E017",
+    "threads per process on which `awrite` and the other async twins run their queries, each keeping a Django "
+    "connection of its own open (the WebSocket and SSE endpoints' authorization lookups have two threads of their "
+    "own, so writes waiting on locks never hold up a connect)",
+)
 
 
 def listen_database() -> str:
     """The alias of the listener's LISTEN connection: LISTEN_DATABASE, else DATABASE."""
-    return _valid("LISTEN_DATABASE") or database()
+    return _listen_database() or database()
 
 
 def read_database() -> str:
     """The alias readers fetch chunks and stream state from: READ_DATABASE, else DATABASE."""
-    return _valid("READ_DATABASE") or database()
-
-
-def synchronous_commit() -> str | None:
-    """The synchronous_commit level writes use when they name none; None: the server's own."""
-    return _valid("SYNCHRONOUS_COMMIT")
-
-
-def connect_timeout() -> int:
-    """Seconds to open one of pgstreams' own connections."""
-    return _valid("CONNECT_TIMEOUT")
-
-
-def query_timeout() -> float:
-    """Seconds a query on pgstreams' own connections may wait for its answer."""
-    return float(_valid("QUERY_TIMEOUT"))
-
-
-def listen_check_interval() -> float:
-    """Seconds of silence after which the listener checks its LISTEN connection."""
-    return float(_valid("LISTEN_CHECK_INTERVAL"))
-
-
-def async_threads() -> int:
-    """Threads (each with its own Django connection) that run the async API's database work."""
-    return _valid("ASYNC_THREADS")
-
-
-def metrics_token() -> str | None:
-    return _valid("METRICS_TOKEN")
-
-
-def prepared_statements() -> bool:
-    return _valid("PREPARED_STATEMENTS")
-
-
-def authorize() -> Callable[[Any, Any], bool]:
-    return import_string(_valid("AUTHORIZE"))
+    return _read_database() or database()

@@ -133,5 +133,5 @@ def stats(using: str | None = None) -> dict[str, Any]:
         "chunks": int(chunks),
         "sizes": sizes,
         "notification_queue_usage": queue,
-        "settings": {name: conf.get(name) for name in conf.DEFAULTS},
+        "settings": {name: setting.raw() for name, setting in conf.SETTINGS.items()},
     }

@@ -38,7 +38,7 @@ def test_defaults_pass() -> None:
         ({"MAX_CHUNK_BYTES": 0}, "pgstreams.E006"),
         ({"DATABASE": "nowhere"}, "pgstreams.E007"),
         ({"AUTHORIZE": "no.such.module.rule"}, "pgstreams.E008"),
-        ({"AUTHORIZE": "pgstreams.conf.DEFAULTS"}, "pgstreams.E008"),
+        ({"AUTHORIZE": "pgstreams.conf.SETTINGS"}, "pgstreams.E008"),
         ({"PREPARED_STATEMENTS": "yes"}, "pgstreams.E009"),
         ({"LISTEN_DATABASE": "nowhere"}, "pgstreams.E010"),
         ({"METRICS_TOKEN": "short"}, "pgstreams.E011"),
