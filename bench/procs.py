@@ -179,7 +179,7 @@ async def _read_all(boot: Boot, stream_ids: list[str], fanout: int, timeout: flo
     while not hub.listening.is_set() and time.monotonic() - started < 30:
         await asyncio.sleep(0.01)
     await asyncio.sleep(0.2)  # every reader has asked for its first page
-    before = hub.stats.copy()
+    before = hub.stats.snapshot()
     ready.put(("reader", os.getpid()))
     measured_from = time.monotonic()
     try:
@@ -187,10 +187,11 @@ async def _read_all(boot: Boot, stream_ids: list[str], fanout: int, timeout: flo
     except TimeoutError:
         result.error = f"readers still waiting after {timeout:.0f} s"
     result.elapsed = time.monotonic() - measured_from
-    result.polls = hub.stats["polls"] - before["polls"]
-    result.fetches = hub.stats["fetches"] - before["fetches"]
-    result.behind = hub.stats["read_behind"] - before["read_behind"]
-    result.fetch_seconds = hub.stats["fetch_seconds"] - before["fetch_seconds"]
+    counted = hub.stats - before
+    result.polls = counted.polls
+    result.fetches = counted.fetches
+    result.behind = counted.read_behind
+    result.fetch_seconds = counted.fetch_seconds
     result.backends = await asyncio.to_thread(_own_backends, boot.alias)
     return result
 

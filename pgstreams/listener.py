@@ -29,7 +29,6 @@ import random
 import threading
 import time
 import uuid
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -39,6 +38,7 @@ from psycopg import sql
 
 from . import conf, db, notify
 from .exceptions import StreamError, StreamNotFound
+from .stats import ListenerStats
 
 logger = logging.getLogger("pgstreams.listener")
 
@@ -187,7 +187,7 @@ class Listener:
         self._fetch_limit = FETCH_KEYS
         self._conns: set[psycopg.AsyncConnection[Any]] = set()  # open, severed at stop
         self._stopped = False
-        self.stats: Counter[str] = Counter()
+        self.stats = ListenerStats()
         self.listening = threading.Event()  # set while LISTEN is in effect
         self._loop = asyncio.new_event_loop()
         self._work = asyncio.Event()
@@ -298,7 +298,7 @@ class Listener:
                 name = tasks.pop(task)
                 if not task.cancelled():
                     logger.error("pgstreams: %s failed, restarting it", name, exc_info=task.exception())
-                self.stats["restarts"] += 1
+                self.stats.restarts += 1
                 self._work.set()  # whatever the failed loop was doing is done again
                 tasks[asyncio.create_task(loops[name](), name=name)] = name
         for conn in self._conns:
@@ -326,7 +326,7 @@ class Listener:
                 async with db.deadline(conn, "LISTEN"):
                     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(conf.channel())))
                 if connected_before:
-                    self.stats["reconnects"] += 1
+                    self.stats.reconnects += 1
                 connected_before = True
                 backoff.reset()
                 self.listening.set()
@@ -334,7 +334,7 @@ class Listener:
                 self._refetch_all()
                 await self._hear(conn)
             except Exception as exc:  # a database blip must not end the loop
-                self.stats["listen_errors"] += 1
+                self.stats.listen_errors += 1
                 logger.warning("pgstreams: listener connection lost, reconnecting: %s", exc)
             finally:
                 self.listening.clear()
@@ -352,12 +352,12 @@ class Listener:
             heard = False
             async for note in conn.notifies(timeout=conf.listen_check_interval()):
                 heard = True
-                self.stats["notifications"] += 1
+                self.stats.notifications += 1
                 self.announce(list(notify.decode(note.payload)))
             if not heard:
                 async with db.deadline(conn, "checking the LISTEN connection"):
                     await conn.execute("SELECT 1")
-                self.stats["listen_checks"] += 1
+                self.stats.listen_checks += 1
 
     async def _poll_forever(self) -> None:
         while True:
@@ -367,7 +367,7 @@ class Listener:
                     tail.dirty = tail.polled = True
                 followed = bool(self._tails)
             if followed:
-                self.stats["polls"] += 1
+                self.stats.polls += 1
                 self._work.set()
 
     def _refetch_all(self) -> None:
@@ -393,7 +393,7 @@ class Listener:
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    self.stats["fetch_errors"] += 1
+                    self.stats.fetch_errors += 1
                     logger.warning("pgstreams: fetching chunks failed, retrying: %s", exc)
                     if isinstance(exc, db.QueryTimeout):
                         # Too much for one deadline, perhaps (a backlog after a reconnect):
@@ -410,7 +410,7 @@ class Listener:
                 backoff.reset()
                 self._fetch_limit = min(FETCH_KEYS, 2 * self._fetch_limit)
                 if waiting:
-                    self.stats["read_behind"] += 1
+                    self.stats.read_behind += 1
                     if not self._behind_pending:  # one retry pending at a time
                         self._behind_pending = True
                         self._loop.call_later(behind.next(), self._fetch_behind)
@@ -427,8 +427,8 @@ class Listener:
         began = time.monotonic()
         pages = await self._fetch_pages(await conns.read(), keys)
         waiting = await self._confirm_on_primary(conns, keys, pages) if conns.standby else False
-        self.stats["fetch_seconds"] += time.monotonic() - began
-        self.stats["fetches"] += 1
+        self.stats.fetch_seconds += time.monotonic() - began
+        self.stats.fetches += 1
         return self._deliver(pages, polled) or waiting
 
     async def _fetch_pages(
@@ -442,7 +442,7 @@ class Listener:
         except psycopg.DatabaseError as exc:
             if not _refused(exc, conn):
                 raise
-            self.stats["fetch_errors"] += 1
+            self.stats.fetch_errors += 1
             logger.warning(
                 "pgstreams: the database refused a fetch of %d page(s), fetching them one by one: %s", len(keys), exc
             )
@@ -539,7 +539,7 @@ class Listener:
         with self._lock:
             for key, page in pages.items():
                 stream_id, from_offset = key
-                self.stats["chunks_fetched"] += len(page.chunks)
+                self.stats.chunks_fetched += len(page.chunks)
                 futures = self._requests.pop(key, None)
                 if futures:
                     answered.append((futures, page))
@@ -553,7 +553,7 @@ class Listener:
                     announced = tail.hint
                     moved = tail.merge(from_offset, page)
                     if stream_id in polled and page.next_offset > announced:
-                        self.stats["poll_found"] += 1
+                        self.stats.poll_found += 1
                 if tail.waiters and tail.wants_fetch() and tail.start is not None:
                     # Keep fetching forward only for readers that wait at the window's end; a
                     # reader still taking chunks asks again when it gets there (step()).

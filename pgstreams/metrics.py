@@ -16,6 +16,8 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from .stats import FlusherStats, ListenerStats
+
 chunks_written = Counter("pgstreams_chunks_written", "Chunks committed by writers in this process.")
 flush_batch = Histogram(
     "pgstreams_flush_batch_streams",
@@ -50,7 +52,7 @@ class _StatsCollector(Collector):
 
     def describe(self) -> Iterator[Any]:
         # Names only: prometheus_client would otherwise call collect() while this module loads.
-        return _families({}, {}, 0)
+        return _families(FlusherStats(), ListenerStats(), 0)
 
     def collect(self) -> Iterator[Any]:
         from . import listener, notify
@@ -58,33 +60,33 @@ class _StatsCollector(Collector):
         flusher = notify.current_flusher()
         hub = listener.current_listener()
         return _families(
-            flusher.stats if flusher is not None else {},
-            hub.stats if hub is not None else {},
+            flusher.stats if flusher is not None else FlusherStats(),
+            hub.stats if hub is not None else ListenerStats(),
             flusher.depth() if flusher is not None else 0,
         )
 
 
-def _families(flushed: Any, seen: Any, depth: int) -> Iterator[Any]:
+def _families(flushed: FlusherStats, seen: ListenerStats, depth: int) -> Iterator[Any]:
     for name, documentation, value in (
-        ("pgstreams_notifications_sent", "Stream announcements sent by the flusher.", flushed.get("notified", 0)),
-        ("pgstreams_flushes", "Flushes of the notification buffer.", flushed.get("flushes", 0)),
+        ("pgstreams_notifications_sent", "Stream announcements sent by the flusher.", flushed.notified),
+        ("pgstreams_flushes", "Flushes of the notification buffer.", flushed.flushes),
         (
             "pgstreams_notifications_dropped",
             "Announcements dropped (a failed flush, a full buffer).",
-            flushed.get("dropped", 0),
+            flushed.dropped,
         ),
-        ("pgstreams_listener_reconnects", "Reconnects of the LISTEN connection.", seen.get("reconnects", 0)),
-        ("pgstreams_fallback_polls", "Fallback polls run by the listener.", seen.get("polls", 0)),
+        ("pgstreams_listener_reconnects", "Reconnects of the LISTEN connection.", seen.reconnects),
+        ("pgstreams_fallback_polls", "Fallback polls run by the listener.", seen.polls),
         (
             "pgstreams_fallback_found",
             "Polled streams that had chunks no notification announced.",
-            seen.get("poll_found", 0),
+            seen.poll_found,
         ),
-        ("pgstreams_fetches", "Fetch queries run by the listener.", seen.get("fetches", 0)),
+        ("pgstreams_fetches", "Fetch queries run by the listener.", seen.fetches),
         (
             "pgstreams_read_behind",
             "Fetches that found READ_DATABASE behind what was announced (then asked again).",
-            seen.get("read_behind", 0),
+            seen.read_behind,
         ),
     ):
         yield CounterMetricFamily(name, documentation, value=value)

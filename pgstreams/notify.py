@@ -15,13 +15,13 @@ import os
 import threading
 import time
 import uuid
-from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 import psycopg
 
 from . import conf, db, metrics
+from .stats import FlusherStats
 
 logger = logging.getLogger("pgstreams.notify")
 
@@ -101,7 +101,7 @@ class Flusher:
         self._thread: threading.Thread | None = None
         self._conn: psycopg.Connection[Any] | None = None
         self._backoff = db.Backoff()
-        self.stats: Counter[str] = Counter()
+        self.stats = FlusherStats()
 
     def add(self, mark: Mark) -> None:
         with self._lock:
@@ -109,7 +109,7 @@ class Flusher:
             if old is not None:
                 mark = Mark(mark.stream_id, max(old.next_offset, mark.next_offset), old.closed or mark.closed)
             elif len(self._pending) >= MAX_PENDING:
-                self.stats["dropped"] += 1
+                self.stats.dropped += 1
                 return
             self._pending[mark.stream_id] = mark
             if self._thread is None and self._autostart:
@@ -150,8 +150,8 @@ class Flusher:
             with db.watched(self._conn, "flushing notifications"):
                 self._conn.execute(NOTIFY_SQL, (conf.channel(), payloads))
         except Exception as exc:  # a database blip must not kill the thread
-            self.stats["dropped"] += len(batch)
-            self.stats["failed_flushes"] += 1
+            self.stats.dropped += len(batch)
+            self.stats.failed_flushes += 1
             logger.warning(
                 "pgstreams: could not send %d notification(s), readers will catch up by polling: %s",
                 len(batch),
@@ -162,9 +162,9 @@ class Flusher:
         self._backoff.reset()
         metrics.flush_seconds.observe(time.monotonic() - started)
         metrics.flush_batch.observe(len(batch))
-        self.stats["flushes"] += 1
-        self.stats["notified"] += len(batch)
-        self.stats["payloads"] += len(payloads)
+        self.stats.flushes += 1
+        self.stats.notified += len(batch)
+        self.stats.payloads += len(payloads)
         return 0.0
 
     def stop(self, timeout: float | None = None) -> None:

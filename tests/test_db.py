@@ -67,5 +67,5 @@ def test_a_silent_listen_connection_is_checked_every_interval() -> None:
         hub = listener.get_listener()
         assert hub.listening.wait(10)
         time.sleep(1.5)
-        checks = hub.stats["listen_checks"]
-    assert 2 <= checks <= 8 and hub.stats["listen_errors"] == 0
+        checks = hub.stats.listen_checks
+    assert 2 <= checks <= 8 and hub.stats.listen_errors == 0

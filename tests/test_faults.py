@@ -138,7 +138,7 @@ def test_a_failing_flusher_drops_counts_and_polling_delivers(spawn) -> None:
     assert proc.returncode == 0, err
     stats = json.loads(out.splitlines()[-1])["flusher"]
     assert killed >= 3
-    assert stats.get("failed_flushes", 0) >= 1 and stats.get("dropped", 0) >= 1
+    assert stats["failed_flushes"] >= 1 and stats["dropped"] >= 1
     for r in readers:
         r.join(30)
         assert r.error is None
@@ -322,7 +322,7 @@ def test_connections_frozen_mid_stream_are_given_up_and_readers_catch_up(spawn) 
     )
     # A flush still hanging at exit would be given up only after the join's 11 s.
     assert caught_up < 15 and exited_after < 8.5
-    assert stats["flusher"].get("failed_flushes", 0) >= 1  # the flush that hung was given up...
+    assert stats["flusher"]["failed_flushes"] >= 1  # the flush that hung was given up...
     assert stats["flusher"]["flushes"] >= 2  # ...and the next ones went through a new connection
 
 

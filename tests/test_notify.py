@@ -70,7 +70,7 @@ def test_more_than_8000_bytes_go_out_in_one_flush(listen: psycopg.Connection) ->
     assert len(notes) >= 3
     assert len({n.pid for n in notes}) == 1
     assert sorted(m for n in notes for m in notify.decode(n.payload)) == sorted(marks)
-    assert flusher.stats["flushes"] == 1 and flusher.stats["payloads"] == len(notes)
+    assert flusher.stats.flushes == 1 and flusher.stats.payloads == len(notes)
     flusher.stop()
 
 
@@ -84,7 +84,7 @@ def test_failed_flush_is_counted_dropped_and_followed_by_a_reconnect(listen: psy
     lost = Mark(uuid.uuid4(), 2, False)
     flusher.add(lost)
     flusher.flush()
-    assert flusher.stats["failed_flushes"] == 1 and flusher.stats["dropped"] == 1
+    assert flusher.stats.failed_flushes == 1 and flusher.stats.dropped == 1
     after = Mark(uuid.uuid4(), 3, False)
     flusher.add(after)
     flusher.flush()

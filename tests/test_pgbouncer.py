@@ -63,9 +63,9 @@ def test_writes_and_flushes_leave_no_session_setting_on_a_pooled_connection(boun
         pgstreams.close(s.id)
         flusher = notify.flusher()
         deadline = time.monotonic() + 10
-        while flusher.stats["flushes"] < 1 and time.monotonic() < deadline:
+        while flusher.stats.flushes < 1 and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert flusher.stats["flushes"] >= 1 and flusher.stats["failed_flushes"] == 0
+        assert flusher.stats.flushes >= 1 and flusher.stats.failed_flushes == 0
         after = pooled_setting(entry, "synchronous_commit")
     notify.stop_flusher()
     print(f"synchronous_commit seen by another client of the pool: {before!r} before, {after!r} after")

@@ -59,13 +59,13 @@ def test_a_long_stream_is_read_in_pages_past_the_window() -> None:
     for start in range(0, n, 1000):
         pgstreams.write_many(s.id, [str(i) for i in range(start, min(n, start + 1000))])
     pgstreams.close(s.id)
-    before = listener.get_listener().stats["chunks_fetched"]
+    before = listener.get_listener().stats.chunks_fetched
     reader = pgstreams.read(s.id, timeout=30)
     first = next(reader)
     time.sleep(0.5)  # a slow reader: the window must not race ahead and be read twice
     assert [first.data] + [c.data for c in reader] == [str(i) for i in range(n)]
     # Each chunk is fetched about once.
-    assert listener.get_listener().stats["chunks_fetched"] - before <= n + 2 * listener.PAGE_SIZE
+    assert listener.get_listener().stats.chunks_fetched - before <= n + 2 * listener.PAGE_SIZE
 
 
 def test_a_waiting_reader_gets_live_writes_and_the_end() -> None:
@@ -131,7 +131,7 @@ async def test_200_async_readers_on_one_loop_share_two_connections_and_the_fetch
     async def reader(stream: Stream) -> list[tuple[int, str]]:
         return pairs([c async for c in pgstreams.aread(stream.id, timeout=20)])
 
-    before = listener.get_listener().stats["fetches"]
+    before = listener.get_listener().stats.fetches
     tasks = [asyncio.create_task(reader(streams[i % 4])) for i in range(200)]
     await asyncio.sleep(0.2)  # all 200 are waiting
     backends = await asyncio.to_thread(pgstreams_backends)
@@ -149,7 +149,7 @@ async def test_200_async_readers_on_one_loop_share_two_connections_and_the_fetch
     assert backends.get("listener") == 1 and backends.get("fetcher") == 1
     # Readers of a stream share each fetch: fetches follow the writes (at most a couple per
     # commit), not the 50 readers of each stream (which would be 50 x more).
-    fetches = listener.get_listener().stats["fetches"] - before
+    fetches = listener.get_listener().stats.fetches - before
     assert fetches <= 2 * 4 * (n_chunks + 1)
 
 
@@ -182,7 +182,7 @@ def test_with_notifications_off_the_poll_delivers_with_one_query_per_interval() 
             t.start()
         time.sleep(0.5)  # let the first pages arrive
         hub = listener.get_listener()
-        before = hub.stats.copy()
+        before = hub.stats.snapshot()
         time.sleep(2.0)  # idle: only the poll queries
         idle = hub.stats - before
         for s in streams:
@@ -193,9 +193,9 @@ def test_with_notifications_off_the_poll_delivers_with_one_query_per_interval() 
     assert got == [["polled"]] * len(streams)
     # 2 s at 0.2 s +/- 20%: about 10 polls, each one query for all 30 streams (a poll counted
     # just before the window may fetch just inside it, hence the 1).
-    assert 7 <= idle["polls"] <= 13
-    assert abs(idle["fetches"] - idle["polls"]) <= 1
-    assert hub.stats["poll_found"] >= 1
+    assert 7 <= idle.polls <= 13
+    assert abs(idle.fetches - idle.polls) <= 1
+    assert hub.stats.poll_found >= 1
 
 
 @pytest.mark.usefixtures("fresh_listener")
@@ -213,7 +213,7 @@ def test_readers_in_the_writing_process_are_woken_at_commit_not_by_the_flush() -
             pgstreams.write(s.id, f"c{i}")
             assert next(reader).data == f"c{i}"
         hub = listener.get_listener()
-        assert hub.stats["polls"] == 0
+        assert hub.stats.polls == 0
         assert notify.flusher().depth() == 1  # c1 to c4 still wait to be flushed
     notify.stop_flusher()
 
@@ -233,7 +233,7 @@ async def test_a_reader_cancelled_while_its_page_is_fetched_breaks_nothing() -> 
     for s in streams:
         await pgstreams.aclose(s.id)
         assert [c.data async for c in pgstreams.aread(s.id, timeout=5)] == ["x"]
-    assert hub.stats["restarts"] == 0
+    assert hub.stats.restarts == 0
 
 
 async def test_an_offset_beyond_bigint_is_refused_before_it_reaches_the_listener() -> None:
@@ -283,7 +283,7 @@ def test_a_request_the_server_rejects_fails_only_the_reader_that_made_it() -> No
     got, raised = _follow_while_writing(healthy, poisoned_read)
     assert isinstance(raised, pgstreams.StreamError) and "out of range" in str(raised)
     assert got == ["before"] + [f"after{i}" for i in range(20)]
-    assert hub.stats["restarts"] == 0
+    assert hub.stats.restarts == 0
 
 
 def test_a_chunk_the_client_cannot_load_fails_its_readers_and_no_one_else() -> None:
@@ -370,4 +370,4 @@ def test_more_pages_than_one_query_takes_are_fetched_in_rounds_that_follow_at_on
     for t in threads:
         t.join(20)
     assert got == {s.id: [str(i) for i in range(5)] for s in streams}
-    assert listener.get_listener().stats["fetches"] >= 7  # 20 first pages, 3 at a time
+    assert listener.get_listener().stats.fetches >= 7  # 20 first pages, 3 at a time

@@ -172,13 +172,13 @@ def test_readers_on_a_lagging_standby_get_every_chunk_in_order_and_never_end_ear
         assert not reader.is_alive() and reader.error is None, reader.error
     print(
         f"standby replay paused 0.5 s: readers complete {1000 * (time.monotonic() - resumed):.0f} ms after resume, "
-        f"{hub.stats['read_behind']} fetch rounds found the standby behind"
+        f"{hub.stats.read_behind} fetch rounds found the standby behind"
     )
     assert early.got == list(enumerate(chunks))
     assert resumer.got == list(enumerate(chunks))[40:]
     assert late_reader.got == [(0, "a"), (1, "b")]
-    assert hub.stats["read_behind"] > 0  # the listener asked the standby again until it caught up
-    assert REGISTRY.get_sample_value("pgstreams_read_behind_total") == hub.stats["read_behind"]
+    assert hub.stats.read_behind > 0  # the listener asked the standby again until it caught up
+    assert REGISTRY.get_sample_value("pgstreams_read_behind_total") == hub.stats.read_behind
     # The chunks came from the standby: the fetcher is connected there, LISTEN on the primary.
     with pair.connect("standby") as conn:
         names = {n for (n,) in conn.execute("SELECT application_name FROM pg_stat_activity").fetchall()}

@@ -114,4 +114,4 @@ def test_every_reader_yields_exactly_the_committed_sequence() -> None:
                 suppress_health_check=[HealthCheck.too_slow],
             ),
         )
-    assert listener.get_listener().stats["restarts"] == 0
+    assert listener.get_listener().stats.restarts == 0

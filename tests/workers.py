@@ -103,7 +103,7 @@ def steady(stream: str, count: int, pause: float) -> None:
         pgstreams.write(stream, f"s{i}")
         time.sleep(pause)
     pgstreams.close(stream)
-    print(json.dumps({"done": count, "flusher": dict(notify.flusher().stats)}), flush=True)
+    print(json.dumps({"done": count, "flusher": notify.flusher().stats.as_dict()}), flush=True)
 
 
 def retrying(stream: str, count: int, pause: float) -> None:
@@ -152,9 +152,9 @@ def via(stream: str, write_stream: str) -> None:
         if command == "write":
             say({"wrote": pgstreams.write(write_stream, data, using="default")})
         elif command == "stats":
-            say({"flusher": dict(notify.flusher().stats)})
+            say({"flusher": notify.flusher().stats.as_dict()})
         elif command == "exit":
-            say({"flusher": dict(notify.flusher().stats), "exiting_at": time.monotonic()})
+            say({"flusher": notify.flusher().stats.as_dict(), "exiting_at": time.monotonic()})
             return
 
 

@@ -1,0 +1,49 @@
+"""The counts the listener and the flusher keep, named once: the fields of ``ListenerStats`` and
+``FlusherStats``. Metrics, the benchmark and the tests read these fields, so a misspelt name is
+an ``AttributeError``, never a silent zero. Plain integers: incremented without a lock, as a
+``Counter`` was, they are figures for operators, not for correctness."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Self
+
+
+@dataclasses.dataclass(slots=True)
+class _Stats:
+    def snapshot(self) -> Self:
+        """A copy, to compare with later counts (``stats - snapshot``)."""
+        return dataclasses.replace(self)
+
+    def __sub__(self, earlier: Self) -> Self:
+        return type(self)(
+            **{f.name: getattr(self, f.name) - getattr(earlier, f.name) for f in dataclasses.fields(self)}
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(slots=True)
+class ListenerStats(_Stats):
+    notifications: int = 0  # NOTIFY payloads heard
+    reconnects: int = 0  # of the LISTEN connection, after the first connect
+    listen_errors: int = 0  # the LISTEN connection lost (or found silent)
+    listen_checks: int = 0  # queries proving a silent LISTEN connection alive
+    polls: int = 0  # fallback polls that marked followed streams
+    poll_found: int = 0  # polled streams that had chunks no notification announced
+    fetches: int = 0  # fetch rounds
+    fetch_errors: int = 0  # fetch rounds that failed, or were refused and retried key by key
+    fetch_seconds: float = 0.0  # time spent in fetch rounds
+    chunks_fetched: int = 0
+    read_behind: int = 0  # rounds that found READ_DATABASE behind what was announced
+    restarts: int = 0  # of the listener's loops after an unexpected failure
+
+
+@dataclasses.dataclass(slots=True)
+class FlusherStats(_Stats):
+    flushes: int = 0
+    notified: int = 0  # stream announcements sent
+    payloads: int = 0  # NOTIFY payloads sent
+    failed_flushes: int = 0
+    dropped: int = 0  # announcements dropped: a failed flush, a full buffer
