@@ -22,12 +22,12 @@ from .exceptions import (
 )
 
 if TYPE_CHECKING:
-    from .listener import StreamChunk
     from .reader import aread, read
+    from .types import StreamChunk
     from .writer import aclose, acreate_stream, awrite, awrite_many, close, create_stream, write, write_many
 
 _LAZY = {
-    "StreamChunk": "listener",
+    "StreamChunk": "types",
     "read": "reader",
     "aread": "reader",
     **dict.fromkeys(

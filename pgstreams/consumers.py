@@ -32,9 +32,9 @@ from django.core.exceptions import PermissionDenied
 from . import metrics
 from .auth import readable_stream
 from .exceptions import ChunksPruned, StreamError, StreamNotFound
-from .listener import StreamChunk
 from .protocol import parse_offset, past_end
 from .reader import aread_batches
+from .types import StreamChunk
 
 logger = logging.getLogger("pgstreams.consumers")
 

@@ -24,6 +24,7 @@ import psycopg
 from django.db import connections
 
 from . import conf
+from .process import PerProcess
 
 # Django's connection arguments that only make sense for Django's own cursors.
 _DJANGO_ONLY = ("cursor_factory", "context")
@@ -103,6 +104,12 @@ def sever(conn: psycopg.AsyncConnection[Any]) -> None:
         return
     with contextlib.suppress(OSError, psycopg.Error), socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
         sock.shutdown(socket.SHUT_RDWR)
+
+
+async def close_quietly(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Close a connection that may be broken already; nothing to report either way."""
+    with contextlib.suppress(Exception):
+        await conn.close()
 
 
 class QueryTimeout(psycopg.OperationalError):
@@ -194,19 +201,11 @@ class _Watchdog:
                             watch.sock.shutdown(socket.SHUT_RDWR)
 
 
-_watchdog = _Watchdog()
+_watchdogs: PerProcess[_Watchdog] = PerProcess(_Watchdog, lambda _: None)  # its thread ends when idle
 
 
 def watched(conn: psycopg.Connection[Any], what: str) -> contextlib.AbstractContextManager[None]:
     """``deadline()`` for a blocking connection: a query of the block still running after
     QUERY_TIMEOUT (give or take a quarter second) has its connection severed, and the block
     raises ``QueryTimeout``; the caller drops the connection and opens another."""
-    return _watchdog.watched(conn, what)
-
-
-def _after_fork_in_child() -> None:
-    global _watchdog
-    _watchdog = _Watchdog()  # the parent's thread does not exist here
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+    return _watchdogs.get().watched(conn, what)

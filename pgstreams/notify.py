@@ -9,19 +9,19 @@ and never runs in the writer's transaction.
 
 from __future__ import annotations
 
-import atexit
 import logging
-import os
 import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import psycopg
 
 from . import conf, db, metrics
+from .process import PerProcess
 from .stats import FlusherStats
+from .types import Mark
 
 logger = logging.getLogger("pgstreams.notify")
 
@@ -30,14 +30,6 @@ PAYLOAD_LIMIT = 7999
 # At most this many streams wait in one process's buffer; beyond it entries are dropped (and
 # counted), and readers' polling delivers those chunks.
 MAX_PENDING = 100_000
-
-
-class Mark(NamedTuple):
-    """What a notification says about one stream."""
-
-    stream_id: uuid.UUID
-    next_offset: int
-    closed: bool
 
 
 def encode(mark: Mark) -> str:
@@ -195,41 +187,7 @@ class Flusher:
                 pass
 
 
-_flusher: Flusher | None = None
-_flusher_lock = threading.Lock()
-
-
-def flusher() -> Flusher:
-    """This process's flusher, made on first use (and anew in a forked child)."""
-    global _flusher
-    if _flusher is None:
-        with _flusher_lock:
-            if _flusher is None:
-                _flusher = Flusher()
-    return _flusher
-
-
-def current_flusher() -> Flusher | None:
-    """This process's flusher if it was started, without starting one."""
-    return _flusher
-
-
-def stop_flusher() -> None:
-    """Stop this process's flusher after a final flush; the next write starts a new one."""
-    global _flusher
-    with _flusher_lock:
-        current, _flusher = _flusher, None
-    if current is not None:
-        current.stop()
-
-
-def _after_fork_in_child() -> None:
-    # The parent's thread does not exist here and its lock may be held: start from nothing.
-    # (psycopg never closes a connection inherited from the parent when it is collected.)
-    global _flusher, _flusher_lock
-    _flusher = None
-    _flusher_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-atexit.register(stop_flusher)
+_flushers: PerProcess[Flusher] = PerProcess(Flusher, Flusher.stop)
+flusher = _flushers.get  # this process's flusher, made on first use
+current_flusher = _flushers.current  # the flusher if it was made, without making one
+stop_flusher = _flushers.stop  # stop it after a final flush; the next write makes a new one

@@ -1,24 +1,26 @@
 """Read path: ``read()`` and ``aread()``, which yield a stream's chunks in order, exactly once.
 
 The table is the truth: readers take chunks from this process's listener (which fetched them
-from the table) and wait on it for more. No SQL here, and no database connection per reader.
+from the table) and wait on it for more. A reader asks the listener for its next step
+(waits.py) and takes it, from its thread or its event loop: the only difference between the
+two. No SQL here, and no database connection per reader.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
-import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Iterator
+from types import TracebackType
 from typing import Any
 
 from . import metrics
-from .exceptions import ChunksPruned, ReadTimeout, StreamError, StreamNotFound
-from .listener import END, MAX_OFFSET, Page, StreamChunk, get_listener
-from .writer import stream_uuid
+from .exceptions import ReadTimeout, StreamError
+from .listener import get_listener
+from .types import MAX_OFFSET, StreamChunk, stream_uuid
+from .waits import Step
 
 
 def _start_offset(from_offset: Any) -> int:
@@ -34,31 +36,42 @@ def _check_timeout(timeout: float | None) -> None:
         raise ValueError(f"timeout must be a positive number of seconds or None, not {timeout!r}")
 
 
-def _page_chunks(page: Page, stream_id: uuid.UUID, pos: int) -> list[StreamChunk]:
-    if not page.exists:
-        raise StreamNotFound(f"no stream {stream_id}")
-    if page.pruned_to is not None:
-        raise ChunksPruned(stream_id, pos, page.pruned_to)
-    return page.chunks
+class _Reading:
+    """One reader's place in a stream while it reads: attached to the listener's tail, with its
+    position and the deadline for its next chunk (renewed whenever chunks arrive)."""
 
-
-class _Deadline:
-    """The time left to wait for the next chunk; renewed whenever chunks arrive."""
-
-    def __init__(self, timeout: float | None) -> None:
-        self.timeout = timeout
+    def __init__(self, stream_id: uuid.UUID, pos: int, timeout: float | None, loop: asyncio.AbstractEventLoop | None):
+        self.stream_id, self.pos, self.timeout, self.loop = stream_id, pos, timeout, loop
+        self.listener = get_listener()
+        self.tail = self.listener.attach(stream_id)
+        metrics.readers.inc()
         self.renew()
 
-    def renew(self) -> None:
-        self.at = None if self.timeout is None else time.monotonic() + self.timeout
+    def __enter__(self) -> _Reading:
+        return self
 
-    def left(self, stream_id: uuid.UUID) -> float | None:
-        if self.at is None:
-            return None
-        left = self.at - time.monotonic()
+    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        self.listener.detach(self.tail)
+        metrics.readers.dec()
+
+    def renew(self) -> None:
+        self.deadline = None if self.timeout is None else time.monotonic() + self.timeout
+
+    def step(self) -> tuple[Step, float | None]:
+        """The next step and how long it may wait; ReadTimeout if the time is up already."""
+        if self.deadline is None:
+            return self.listener.step(self.tail, self.pos, self.loop), None
+        left = self.deadline - time.monotonic()
         if left <= 0:
-            raise ReadTimeout(f"no chunk from stream {stream_id} within {self.timeout} s")
-        return left
+            raise self.timed_out()
+        return self.listener.step(self.tail, self.pos, self.loop), left
+
+    def took(self, chunks: list[StreamChunk]) -> None:
+        self.pos = chunks[-1].offset + 1
+        self.renew()
+
+    def timed_out(self) -> ReadTimeout:
+        return ReadTimeout(f"no chunk from stream {self.stream_id} within {self.timeout} s")
 
 
 def read(stream_id: Any, *, from_offset: int = 0, timeout: float | None = None) -> Iterator[StreamChunk]:
@@ -95,45 +108,26 @@ def _read(sid: uuid.UUID, pos: int, timeout: float | None) -> Iterator[StreamChu
 
 
 def _read_batches(sid: uuid.UUID, pos: int, timeout: float | None) -> Iterator[list[StreamChunk]]:
-    listener = get_listener()
-    tail = listener.attach(sid)
-    metrics.readers.inc()
-    deadline = _Deadline(timeout)
-    try:
+    with _Reading(sid, pos, timeout, None) as reading:
         while True:
-            step = listener.step(tail, pos, None)
-            if step is END:
+            step, left = reading.step()
+            try:
+                chunks = step.take(left)
+            except TimeoutError:
+                raise reading.timed_out() from None
+            if chunks is None:
                 return
-            if isinstance(step, list):
-                chunks = step
-            elif isinstance(step, concurrent.futures.Future):
-                try:
-                    chunks = _page_chunks(step.result(deadline.left(sid)), sid, pos)
-                except concurrent.futures.TimeoutError:
-                    raise ReadTimeout(f"no chunk from stream {sid} within {timeout} s") from None
-            else:
-                assert isinstance(step, threading.Event)
-                if not step.wait(deadline.left(sid)):
-                    deadline.left(sid)  # raises ReadTimeout
-                continue
             if chunks:
+                reading.took(chunks)
                 yield chunks
-                pos = chunks[-1].offset + 1
-                deadline.renew()
-    finally:
-        listener.detach(tail)
-        metrics.readers.dec()
 
 
 async def aread(stream_id: Any, *, from_offset: int = 0, timeout: float | None = None) -> AsyncIterator[StreamChunk]:
     """``read()`` for async code: the same semantics, and it never blocks the event loop."""
-    batches = aread_batches(stream_id, from_offset=from_offset, timeout=timeout)
-    try:
+    async with contextlib.aclosing(aread_batches(stream_id, from_offset=from_offset, timeout=timeout)) as batches:
         async for batch in batches:
             for chunk in batch:
                 yield chunk
-    finally:
-        await batches.aclose()
 
 
 async def aread_batches(
@@ -143,35 +137,15 @@ async def aread_batches(
     sid = stream_uuid(stream_id)
     pos = _start_offset(from_offset)
     _check_timeout(timeout)
-    loop = asyncio.get_running_loop()
-    listener = get_listener()
-    tail = listener.attach(sid)
-    metrics.readers.inc()
-    deadline = _Deadline(timeout)
-    try:
+    with _Reading(sid, pos, timeout, asyncio.get_running_loop()) as reading:
         while True:
-            step = listener.step(tail, pos, loop)
-            if step is END:
+            step, left = reading.step()
+            try:
+                chunks = await step.take_async(left)
+            except TimeoutError:
+                raise reading.timed_out() from None
+            if chunks is None:
                 return
-            if isinstance(step, list):
-                chunks = step
-            else:
-                if isinstance(step, concurrent.futures.Future):
-                    waitable: Awaitable[Any] = asyncio.wrap_future(step)
-                else:
-                    assert isinstance(step, asyncio.Event)
-                    waitable = step.wait()
-                try:
-                    result = await asyncio.wait_for(waitable, deadline.left(sid))
-                except TimeoutError:
-                    raise ReadTimeout(f"no chunk from stream {sid} within {timeout} s") from None
-                if not isinstance(result, Page):
-                    continue
-                chunks = _page_chunks(result, sid, pos)
             if chunks:
+                reading.took(chunks)
                 yield chunks
-                pos = chunks[-1].offset + 1
-                deadline.renew()
-    finally:
-        listener.detach(tail)
-        metrics.readers.dec()

@@ -16,9 +16,7 @@ allow (give the alias ``connect_timeout``, keepalives and ``tcp_user_timeout`` i
 from __future__ import annotations
 
 import functools
-import os
 import select
-import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final, ParamSpec, TypeVar
@@ -28,6 +26,7 @@ from asgiref.sync import SyncToAsync
 from django.db import connections
 
 from . import conf
+from .process import PerProcess
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -40,18 +39,10 @@ class Pool:
     size ``size()`` says then, and anew in a forked child."""
 
     def __init__(self, name: str, size: Callable[[], int]) -> None:
-        self.name = name
-        self._size = size
-        self._executor: ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()
-        os.register_at_fork(after_in_child=self._forget)
-
-    def executor(self) -> ThreadPoolExecutor:
-        if self._executor is None:
-            with self._lock:
-                if self._executor is None:
-                    self._executor = ThreadPoolExecutor(max_workers=self._size(), thread_name_prefix=self.name)
-        return self._executor
+        self._executors = PerProcess(
+            lambda: ThreadPoolExecutor(max_workers=size(), thread_name_prefix=name),
+            lambda executor: executor.shutdown(wait=False),
+        )
 
     def wrap(self, func: Callable[P, R]) -> Callable[P, Awaitable[R]]:
         """``func`` for async callers: the same call, run on this pool, never on the event loop."""
@@ -62,13 +53,9 @@ class Pool:
 
         @functools.wraps(func)
         async def run(*args: P.args, **kwargs: P.kwargs) -> R:
-            return await SyncToAsync(call, thread_sensitive=False, executor=self.executor())(*args, **kwargs)
+            return await SyncToAsync(call, thread_sensitive=False, executor=self._executors.get())(*args, **kwargs)
 
         return run
-
-    def _forget(self) -> None:
-        self._executor = None  # the parent's threads do not exist here
-        self._lock = threading.Lock()
 
 
 writes = Pool("pgstreams-write", conf.async_threads)

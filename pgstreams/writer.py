@@ -8,7 +8,6 @@ transaction that rolls back. Never reads chunks and never waits for a flush.
 
 from __future__ import annotations
 
-import uuid
 from functools import cache, partial
 from typing import Any
 
@@ -18,6 +17,7 @@ from django.db import connections, transaction
 from . import conf, listener, metrics, notify, signals, threads
 from .exceptions import ChunkTooLarge, InvalidChunk, StreamClosed, StreamNotFound
 from .models import Stream
+from .types import Mark, stream_uuid
 
 # The stream row's counter is taken and the chunk inserted in one statement. The UPDATE's row
 # lock serialises the writers of one stream until commit, so per stream commit order is offset
@@ -88,18 +88,6 @@ def _statement(kind: str, per_write: bool, with_level: bool) -> str:
         from_level="FROM level" if with_level else "",
         notify=notify_sql if per_write else "",
     )
-
-
-def stream_uuid(stream_id: Any) -> uuid.UUID:
-    """``stream_id`` as a UUID; a value that cannot be one names no stream."""
-    if isinstance(stream_id, uuid.UUID):
-        return stream_id
-    if isinstance(stream_id, Stream):
-        return stream_id.id
-    try:
-        return uuid.UUID(str(stream_id))
-    except ValueError:
-        raise StreamNotFound(f"{stream_id!r} is not a stream id (stream ids are UUIDs)") from None
 
 
 def _check_chunk(data: Any, limit: int) -> None:
@@ -182,11 +170,11 @@ def _cursor(alias: str) -> Any:
     return wrapper.make_debug_cursor(raw) if wrapper.queries_logged else wrapper.make_cursor(raw)
 
 
-def _after_commit(alias: str, mode: str, mark: notify.Mark, written: int) -> None:
+def _after_commit(alias: str, mode: str, mark: Mark, written: int) -> None:
     transaction.on_commit(partial(_committed, mode, mark, written), using=alias)
 
 
-def _committed(mode: str, mark: notify.Mark, written: int) -> None:
+def _committed(mode: str, mark: Mark, written: int) -> None:
     """After commit: count the chunks, then announce them as NOTIFY_MODE says."""
     metrics.chunks_written.inc(written)
     if mode == "buffered":
@@ -239,7 +227,7 @@ def write(stream_id: Any, data: str, *, using: str | None = None, synchronous_co
     alias = using or conf.database()
     mode = conf.notify_mode()
     offset: int = _execute("write", alias, mode, level, {"id": sid, "data": data})[0][0]
-    _after_commit(alias, mode, notify.Mark(sid, offset + 1, False), 1)
+    _after_commit(alias, mode, Mark(sid, offset + 1, False), 1)
     return offset
 
 
@@ -265,7 +253,7 @@ def write_many(
     mode = conf.notify_mode()
     rows = _execute("write_many", alias, mode, level, {"id": sid, "n": len(items), "items": items})
     offsets = sorted(row[0] for row in rows)
-    _after_commit(alias, mode, notify.Mark(sid, offsets[-1] + 1, False), len(offsets))
+    _after_commit(alias, mode, Mark(sid, offsets[-1] + 1, False), len(offsets))
     return offsets
 
 
@@ -280,7 +268,7 @@ def close(stream_id: Any, *, using: str | None = None, synchronous_commit: str |
     alias = using or conf.database()
     mode = conf.notify_mode()
     next_offset: int = _execute("close", alias, mode, level, {"id": sid})[0][0]
-    _after_commit(alias, mode, notify.Mark(sid, next_offset, True), 0)
+    _after_commit(alias, mode, Mark(sid, next_offset, True), 0)
     transaction.on_commit(
         partial(signals.stream_closed.send, sender=Stream, stream_id=sid, next_offset=next_offset, using=alias),
         using=alias,

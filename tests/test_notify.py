@@ -12,7 +12,7 @@ import pytest
 from django.db import connection
 
 from pgstreams import db, notify
-from pgstreams.notify import Mark
+from pgstreams.types import Mark
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

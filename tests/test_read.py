@@ -13,8 +13,9 @@ from django.db import connection
 from django.test import override_settings
 
 import pgstreams
-from pgstreams import listener
+from pgstreams import fetch, listener, window
 from pgstreams.models import Stream
+from pgstreams.types import Mark
 from tests.helpers import delete_chunks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -55,7 +56,7 @@ def test_resume_from_any_offset() -> None:
 
 def test_a_long_stream_is_read_in_pages_past_the_window() -> None:
     s = pgstreams.create_stream()
-    n = listener.WINDOW_CHUNKS + 3 * listener.PAGE_SIZE + 7
+    n = window.WINDOW_CHUNKS + 3 * fetch.PAGE_SIZE + 7
     for start in range(0, n, 1000):
         pgstreams.write_many(s.id, [str(i) for i in range(start, min(n, start + 1000))])
     pgstreams.close(s.id)
@@ -65,7 +66,7 @@ def test_a_long_stream_is_read_in_pages_past_the_window() -> None:
     time.sleep(0.5)  # a slow reader: the window must not race ahead and be read twice
     assert [first.data] + [c.data for c in reader] == [str(i) for i in range(n)]
     # Each chunk is fetched about once.
-    assert listener.get_listener().stats.chunks_fetched - before <= n + 2 * listener.PAGE_SIZE
+    assert listener.get_listener().stats.chunks_fetched - before <= n + 2 * fetch.PAGE_SIZE
 
 
 def test_a_waiting_reader_gets_live_writes_and_the_end() -> None:
@@ -119,7 +120,7 @@ def test_a_stream_deleted_while_read_raises_not_found() -> None:
     reader = pgstreams.read(s.id, timeout=10)
     assert next(reader).data == "a"
     Stream.objects.filter(pk=s.pk).delete()
-    listener.get_listener().announce([listener.notify.Mark(s.id, 2, False)])
+    listener.get_listener().announce([Mark(s.id, 2, False)])
     with pytest.raises(pgstreams.StreamNotFound, match="deleted"):
         next(reader)
 
@@ -275,8 +276,7 @@ def test_a_request_the_server_rejects_fails_only_the_reader_that_made_it() -> No
 
     def poisoned_read() -> None:
         try:
-            step = hub.step(tail, 2**63, None)
-            step.result(10)
+            hub.step(tail, 2**63, None).take(10)
         finally:
             hub.detach(tail)
 
@@ -355,7 +355,7 @@ def test_chunks_pruned_ahead_of_a_waiting_reader_raise_chunks_pruned() -> None:
 
 @pytest.mark.usefixtures("fresh_listener")
 def test_more_pages_than_one_query_takes_are_fetched_in_rounds_that_follow_at_once(monkeypatch) -> None:
-    monkeypatch.setattr(listener, "FETCH_KEYS", 3)
+    monkeypatch.setattr(fetch, "FETCH_KEYS", 3)
     streams = [pgstreams.create_stream() for _ in range(20)]
     for s in streams:
         pgstreams.write_many(s.id, [str(i) for i in range(5)])

@@ -296,7 +296,7 @@ async def test_a_client_with_a_full_window_pins_no_chunk_it_was_not_sent(monkeyp
     # waiting for acks must not sit on the part of the page it could not send.
     import gc
 
-    from pgstreams.listener import StreamChunk
+    from pgstreams.types import StreamChunk
 
     monkeypatch.setattr(consumers, "WINDOW_CHUNKS", 10)
     s = await pgstreams.acreate_stream()

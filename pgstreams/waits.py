@@ -1,0 +1,125 @@
+"""What a reader does next, as ``Listener.step()`` tells it: take chunks, stop at the stream's
+end, or wait, for a page only its position needs or for the stream's tail to move.
+
+Every step is taken the same two ways: ``take(timeout)`` from a thread, ``await
+take_async(timeout)`` from an event loop. Both return the chunks to hand out (an empty list:
+ask for the next step), or None at the end, and raise ``TimeoutError`` when the wait outlasts
+``timeout``. This is the whole contract between the listener and ``reader.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+from .exceptions import ChunksPruned, StreamNotFound
+from .types import StreamChunk
+from .window import Page, Waiter
+
+
+class Step(Protocol):
+    def take(self, timeout: float | None) -> list[StreamChunk] | None: ...
+
+    async def take_async(self, timeout: float | None) -> list[StreamChunk] | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """Chunks from the tail's window, to hand out at once."""
+
+    chunks: list[StreamChunk]
+
+    def take(self, timeout: float | None) -> list[StreamChunk]:
+        return self.chunks
+
+    async def take_async(self, timeout: float | None) -> list[StreamChunk]:
+        return self.chunks
+
+
+class _End:
+    """The stream is closed and the reader has every chunk."""
+
+    def take(self, timeout: float | None) -> None:
+        return None
+
+    async def take_async(self, timeout: float | None) -> None:
+        return None
+
+
+END: Final = _End()
+
+
+@dataclass(frozen=True, slots=True)
+class ForPage:
+    """A page that only this reader's position needs (it is behind the window, or the tail has
+    none yet); readers asking for the same page share its fetch."""
+
+    future: concurrent.futures.Future[Page]
+    stream_id: uuid.UUID
+    pos: int
+
+    def take(self, timeout: float | None) -> list[StreamChunk]:
+        return self._chunks(self.future.result(timeout))
+
+    async def take_async(self, timeout: float | None) -> list[StreamChunk]:
+        return self._chunks(await asyncio.wait_for(asyncio.wrap_future(self.future), timeout))
+
+    def _chunks(self, page: Page) -> list[StreamChunk]:
+        if not page.exists:
+            raise StreamNotFound(f"no stream {self.stream_id}")
+        if page.pruned_to is not None:
+            raise ChunksPruned(self.stream_id, self.pos, page.pruned_to)
+        return page.chunks
+
+
+@dataclass(frozen=True, slots=True)
+class ForTail:
+    """The tail to move (chunks arrive, the stream ends or is deleted); then step again."""
+
+    event: Waiter
+
+    def take(self, timeout: float | None) -> list[StreamChunk]:
+        assert isinstance(self.event, threading.Event)
+        if not self.event.wait(timeout):
+            raise TimeoutError
+        return []
+
+    async def take_async(self, timeout: float | None) -> list[StreamChunk]:
+        assert isinstance(self.event, asyncio.Event)
+        await asyncio.wait_for(self.event.wait(), timeout)
+        return []
+
+
+def settle(future: concurrent.futures.Future[Page], outcome: Page | BaseException) -> None:
+    """Settle a reader's request; a reader that gave up has cancelled it, and that is fine."""
+    try:
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+    except concurrent.futures.InvalidStateError:
+        pass
+
+
+def wake(waiters: list[tuple[asyncio.AbstractEventLoop | None, Waiter]]) -> None:
+    """Set the waiters' events: sync ones here, async ones with one call into each event loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[Waiter]] = {}
+    for loop, waiter in waiters:
+        if loop is None:
+            waiter.set()
+        else:
+            by_loop.setdefault(loop, []).append(waiter)
+    for loop, events in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_set_all, events)
+        except RuntimeError:  # that reader's loop is closed
+            pass
+
+
+def _set_all(events: list[Waiter]) -> None:
+    for event in events:
+        event.set()

@@ -1,0 +1,107 @@
+"""What the listener keeps of one followed stream (``Tail``) and what one fetch found (``Page``):
+the window arithmetic, pure, with no database, lock or thread of its own (the listener holds the
+lock around every call).
+
+A tail keeps a bounded window of the chunks fetched last (consecutive offsets ``start`` to
+``end - 1``), the highest offset announced, and the stream's end once it is known. Readers take
+chunks from the window; a reader behind it asks for its own page.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from dataclasses import dataclass, field
+from typing import Final
+
+from .exceptions import StreamError
+from .types import StreamChunk
+
+# A tail keeps at most this many chunks and characters of data (but always the last page).
+WINDOW_CHUNKS: Final = 2048
+WINDOW_CHARS: Final = 1 << 20
+# Chunks handed to a reader at once.
+BATCH: Final = 256
+
+Waiter = threading.Event | asyncio.Event
+
+
+@dataclass(slots=True)
+class Page:
+    """What one fetch found for (stream, from_offset): the stream's state and its chunks from
+    from_offset on, consecutive (a page stops before a gap)."""
+
+    exists: bool
+    next_offset: int = 0
+    closed: bool = False
+    chunks: list[StreamChunk] = field(default_factory=list)
+    # Set when the chunk at from_offset is gone though the stream is past it (pruned): where
+    # reading can resume, the next chunk still held or next_offset.
+    pruned_to: int | None = None
+
+
+@dataclass(slots=True, eq=False)
+class Tail:
+    """What this process knows of one followed stream."""
+
+    stream_id: uuid.UUID
+    readers: int = 0
+    # window holds chunks start .. end-1; start is None until the first fetch.
+    start: int | None = None
+    end: int = 0
+    window: list[StreamChunk] = field(default_factory=list)
+    window_chars: int = 0
+    hint: int = 0  # highest next_offset announced or seen
+    close_hinted: bool = False
+    final: int | None = None  # next_offset once the stream is known to be closed
+    gone: bool = False  # the stream was deleted
+    failure: StreamError | None = None  # the database refused to fetch this tail
+    dirty: bool = False
+    polled: bool = False
+    waiters: dict[asyncio.AbstractEventLoop | None, Waiter] = field(default_factory=dict)
+
+    def wants_fetch(self) -> bool:
+        return self.hint > self.end or (self.close_hinted and self.final is None)
+
+    def merge(self, from_offset: int, page: Page) -> bool:
+        """Fold a page into the window; return whether readers have something new."""
+        moved = False
+        self.hint = max(self.hint, page.next_offset)
+        if page.pruned_to is not None:
+            if self.start is not None and from_offset == self.end:
+                # The chunks after the window are gone: readers past it ask for their own pages
+                # (and learn what was pruned); the window starts again from the next page.
+                self.start, self.end, self.window, self.window_chars = None, 0, [], 0
+                moved = True
+            return moved
+        if page.closed and self.final is None:
+            self.final = page.next_offset
+            moved = True
+        chunks = page.chunks
+        if self.start is None:
+            if chunks:
+                self.start, self.end = from_offset, from_offset + len(chunks)
+                self._append(chunks)
+                moved = True
+            elif from_offset >= page.next_offset:
+                self.start = self.end = page.next_offset
+                moved = True
+        elif chunks and from_offset <= self.end < from_offset + len(chunks):
+            self._append(chunks[self.end - from_offset :])
+            self.end = from_offset + len(chunks)
+            moved = True
+        return moved
+
+    def _append(self, chunks: list[StreamChunk]) -> None:
+        # Trim from the front to the size limits, but never below the page just added.
+        self.window.extend(chunks)
+        self.window_chars += sum(len(c.data) for c in chunks)
+        drop, droppable = 0, len(self.window) - len(chunks)
+        while drop < droppable and (len(self.window) - drop > WINDOW_CHUNKS or self.window_chars > WINDOW_CHARS):
+            self.window_chars -= len(self.window[drop].data)
+            drop += 1
+        if drop:
+            del self.window[:drop]
+            assert self.start is not None
+            self.start += drop
