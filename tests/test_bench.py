@@ -11,7 +11,7 @@ import sys
 import pytest
 from django.core.management import CommandError, call_command
 
-from tests.conftest import ROOT, subprocess_database_url
+from tests.helpers import ROOT, subprocess_database_url
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess]
 

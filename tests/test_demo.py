@@ -15,7 +15,7 @@ import websockets
 
 import pgstreams
 from demo_project.chat import llm
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess]
 

@@ -27,10 +27,8 @@ from django.db import connection, connections
 import pgstreams
 from pgstreams import notify
 from pgstreams.models import Chunk
-from tests.conftest import subprocess_database_url
-from tests.helpers import RawWebSocket
+from tests.helpers import RawWebSocket, Reader, subprocess_database_url
 from tests.proxy import database_via, proxy_for
-from tests.test_processes import Reader
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess, pytest.mark.faults]
 

@@ -22,7 +22,7 @@ import pgstreams
 from pgstreams import ops
 from pgstreams.models import Chunk, Stream
 from pgstreams.signals import stream_closed
-from tests.conftest import ROOT, subprocess_database_url
+from tests.helpers import ROOT, subprocess_database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -83,15 +83,6 @@ def test_ctrl_c_stops_tail_quietly() -> None:
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=15)
     assert proc.returncode == 0 and "Traceback" not in err
-
-
-def test_parse_cutoff() -> None:
-    now = timezone.now()
-    assert ops.parse_cutoff("7d", now) == now - datetime.timedelta(days=7)
-    assert ops.parse_cutoff("12h", now) == now - datetime.timedelta(hours=12)
-    assert ops.parse_cutoff("2026-01-02").isoformat() == "2026-01-02T00:00:00+00:00"
-    with pytest.raises(ValueError, match="neither an age"):
-        ops.parse_cutoff("soon")
 
 
 def test_prune_deletes_old_closed_streams_in_batches_and_never_open_ones() -> None:

@@ -1,12 +1,11 @@
-"""Readers here, writers in other processes: exact delivery across processes, a writer killed
-before its flush, and the listener's backend terminated under readers."""
+"""Readers here, writers in other processes: exact delivery across processes, and two faults (a
+writer that dies before its flush, the listener's backend terminated under readers)."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
-import threading
 import time
 
 import pytest
@@ -15,29 +14,9 @@ from django.test import override_settings
 
 import pgstreams
 from pgstreams import listener
+from tests.helpers import Reader
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess, pytest.mark.faults]
-
-
-class Reader(threading.Thread):
-    """Reads a stream in a thread; stops after ``limit`` chunks (or at the stream's end)."""
-
-    def __init__(self, stream_id, limit: int | None = None, timeout: float = 30) -> None:
-        super().__init__(daemon=True)
-        self.stream_id, self.limit, self.timeout = stream_id, limit, timeout
-        self.got: list[tuple[int, str]] = []
-        self.last_at = 0.0
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            for chunk in pgstreams.read(self.stream_id, timeout=self.timeout):
-                self.got.append((chunk.offset, chunk.data))
-                self.last_at = time.monotonic()
-                if self.limit is not None and len(self.got) >= self.limit:
-                    return
-        except BaseException as exc:  # reported by the test
-            self.error = exc
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess]
 
 
 def test_a_reader_gets_exactly_what_16_writer_threads_in_another_process_committed(spawn) -> None:
@@ -61,6 +40,7 @@ def test_a_reader_gets_exactly_what_16_writer_threads_in_another_process_committ
         assert mine == sorted(mine)
 
 
+@pytest.mark.faults
 @pytest.mark.usefixtures("fresh_listener")
 @pytest.mark.parametrize("death", ["SIGKILL", "os._exit"])
 def test_a_writer_that_dies_before_its_flush_is_caught_up_by_polling(spawn, death: str) -> None:
@@ -111,6 +91,7 @@ def _wait_for(predicate, timeout: float = 10.0) -> float:
     return time.monotonic() - started
 
 
+@pytest.mark.faults
 @pytest.mark.usefixtures("fresh_listener")
 def test_terminating_the_listeners_backend_ten_times_loses_no_chunk(spawn) -> None:
     s = pgstreams.create_stream()

@@ -25,8 +25,9 @@ import pgstreams
 from bench.replica import ReplicaPair
 from pgstreams import listener, notify
 from pgstreams.conf import SYNCHRONOUS_COMMIT_LEVELS
+from tests.helpers import Reader
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.faults]
+pytestmark = pytest.mark.multiprocess
 
 
 @pytest.fixture
@@ -88,6 +89,7 @@ def on_standby(pair: Any, stream_id: uuid.UUID) -> list[str]:
     return [data for (data,) in rows]
 
 
+@pytest.mark.faults
 def test_each_level_waits_for_what_it_promises(replica) -> None:
     pair, primary, _ = replica
 
@@ -119,30 +121,14 @@ def test_each_level_waits_for_what_it_promises(replica) -> None:
     assert all(w.finished() for w in remote), [w.error for w in remote]
 
 
-class Reader(threading.Thread):
-    """``pgstreams.read()`` in a thread, keeping what it got."""
-
-    def __init__(self, stream_id: uuid.UUID, from_offset: int = 0) -> None:
-        super().__init__(name=f"reader-{stream_id}", daemon=True)
-        self.stream_id, self.from_offset = stream_id, from_offset
-        self.got: list[tuple[int, str]] = []
-        self.error: BaseException | None = None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            for chunk in pgstreams.read(self.stream_id, from_offset=self.from_offset, timeout=60):
-                self.got.append((chunk.offset, chunk.data))
-        except BaseException as exc:
-            self.error = exc
-
-
+@pytest.mark.faults
 def test_readers_on_a_lagging_standby_get_every_chunk_in_order_and_never_end_early(on_the_pair) -> None:
     pair = on_the_pair
     chunks = [f"chunk {i} " for i in range(100)]
     s = pgstreams.create_stream()
     pgstreams.write_many(s, chunks[:3])
-    early = Reader(s.id)
+    early = Reader(s.id, timeout=60)
+    early.start()
     deadline = time.monotonic() + 30
     while len(early.got) < 3 and time.monotonic() < deadline:  # bounded
         time.sleep(0.01)
@@ -157,8 +143,10 @@ def test_readers_on_a_lagging_standby_get_every_chunk_in_order_and_never_end_ear
         late = pgstreams.create_stream()
         pgstreams.write_many(late, ["a", "b"])
         pgstreams.close(late)
-        late_reader = Reader(late.id)
-        resumer = Reader(s.id, from_offset=40)
+        late_reader = Reader(late.id, timeout=60)
+        resumer = Reader(s.id, from_offset=40, timeout=60)
+        late_reader.start()
+        resumer.start()
         time.sleep(0.5)
         hub = listener.get_listener()
         # Announced (by notification and by this process's commits) but not replayed: waited for.

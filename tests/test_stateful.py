@@ -15,14 +15,11 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import pgstreams
 from pgstreams import listener
+from tests.helpers import Rollback
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.faults]
 
 chunk_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12)
-
-
-class Rollback(Exception):
-    pass
 
 
 class StreamMachine(RuleBasedStateMachine):

@@ -34,9 +34,7 @@ import time
 
 import django
 
-
-class Rollback(Exception):
-    pass
+from tests.helpers import Rollback
 
 
 def threads(stream: str, n_threads: int, per_thread: int) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pgstreams import conf
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 
 def table_row(setting: conf.Setting) -> str:

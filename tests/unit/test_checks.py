@@ -119,7 +119,7 @@ def test_the_demo_routes_websockets_to_the_consumer() -> None:
 
 
 def test_an_asgi_application_without_the_consumer_is_w003() -> None:
-    with override_settings(ASGI_APPLICATION="tests.test_checks.http_only_application"):
+    with override_settings(ASGI_APPLICATION="tests.unit.test_checks.http_only_application"):
         found = checks.check_websocket_routing()
     assert [m.id for m in found] == ["pgstreams.W003"] and "URLRouter" in found[0].hint
 

@@ -8,7 +8,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 
 def test_the_wheel_holds_the_app_and_no_benchmark_code(tmp_path: Path) -> None:

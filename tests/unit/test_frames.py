@@ -1,0 +1,39 @@
+"""How the WebSocket consumer fills a frame (consumers._items): at least one chunk, then as many
+as the limits allow, sized in exact bytes of the JSON it sends."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import uuid
+
+from pgstreams.consumers import _items
+from pgstreams.types import StreamChunk
+
+AT = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+
+
+def chunks(*data: str) -> list[StreamChunk]:
+    return [StreamChunk(uuid.uuid4(), i, d, AT) for i, d in enumerate(data)]
+
+
+def size(items: list[str]) -> int:
+    return len(",".join(items).encode())
+
+
+def test_items_are_the_json_of_each_chunk_escapes_and_all() -> None:
+    data = ["plain", 'quote " and \\ backslash', "\x01\x1f control", "é ü 😀", "line\nbreak"]
+    items = _items(chunks(*data), max_items=10, max_bytes=10_000)
+    assert [json.loads(i) for i in items] == [{"offset": i, "data": d} for i, d in enumerate(data)]
+
+
+def test_the_byte_limit_counts_escapes_and_commas_exactly() -> None:
+    control = "\x01" * 100  # 600 bytes once escaped
+    one = size(_items(chunks(control), 10, 10_000))
+    assert size(_items(chunks(control, control, control), 10, 2 * one + 1)) == 2 * one + 1
+    assert len(_items(chunks(control, control, control), 10, 2 * one)) == 1  # the comma does not fit
+
+
+def test_a_frame_carries_at_least_one_chunk_and_at_most_max_items() -> None:
+    assert len(_items(chunks("x" * 1000), max_items=10, max_bytes=1)) == 1
+    assert len(_items(chunks(*"abcdef"), max_items=4, max_bytes=10_000)) == 4

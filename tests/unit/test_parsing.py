@@ -1,0 +1,33 @@
+"""What clients and operators type, parsed: offsets in a WebSocket or SSE request, and the ages
+and dates ``pgstreams_prune`` takes."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+from django.utils import timezone
+
+from pgstreams import ops, protocol
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"), [(None, 0), ([], 0), (["0"], 0), (["42"], 42), (["9" * 18], 10**18 - 1)]
+)
+def test_an_offset_is_one_non_negative_integer_that_fits_a_bigint(values, expected) -> None:
+    assert protocol.parse_offset(values, "from") == expected
+
+
+@pytest.mark.parametrize("values", [["-1"], ["abc"], ["1.5"], [""], ["1", "2"], ["9" * 19], [" 1"]])
+def test_anything_else_is_a_value_error_that_names_the_parameter(values) -> None:
+    with pytest.raises(ValueError, match="'from'"):
+        protocol.parse_offset(values, "from")
+
+
+def test_parse_cutoff() -> None:
+    now = timezone.now()
+    assert ops.parse_cutoff("7d", now) == now - datetime.timedelta(days=7)
+    assert ops.parse_cutoff("12h", now) == now - datetime.timedelta(hours=12)
+    assert ops.parse_cutoff("2026-01-02").isoformat() == "2026-01-02T00:00:00+00:00"
+    with pytest.raises(ValueError, match="neither an age"):
+        ops.parse_cutoff("soon")

@@ -1,0 +1,128 @@
+"""The listener's window arithmetic (window.py) and how a fetch's rows become pages (fetch.py):
+pure functions, no database."""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+
+from pgstreams import window
+from pgstreams.fetch import pages_from_rows
+from pgstreams.types import StreamChunk
+from pgstreams.window import Page, Tail
+
+SID = uuid.uuid4()
+AT = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+
+
+def chunks(start: int, stop: int, size: int = 1) -> list[StreamChunk]:
+    return [StreamChunk(SID, i, "x" * size, AT) for i in range(start, stop)]
+
+
+def page(start: int, stop: int, next_offset: int | None = None, closed: bool = False, size: int = 1) -> Page:
+    return Page(
+        exists=True,
+        next_offset=stop if next_offset is None else next_offset,
+        closed=closed,
+        chunks=chunks(start, stop, size),
+    )
+
+
+def offsets(tail: Tail) -> list[int]:
+    return [c.offset for c in tail.window]
+
+
+def test_a_first_page_starts_the_window_where_it_was_asked_for() -> None:
+    tail = Tail(SID)
+    assert tail.merge(5, page(5, 9))
+    assert (tail.start, tail.end, offsets(tail)) == (5, 9, [5, 6, 7, 8])
+
+
+def test_an_empty_first_page_at_the_end_starts_an_empty_window_there() -> None:
+    tail = Tail(SID)
+    assert tail.merge(3, Page(exists=True, next_offset=3))
+    assert (tail.start, tail.end, tail.window) == (3, 3, [])
+
+
+def test_a_page_from_the_windows_end_extends_it_and_overlaps_are_not_repeated() -> None:
+    tail = Tail(SID)
+    tail.merge(0, page(0, 4))
+    assert tail.merge(2, page(2, 7))  # overlaps 2..3
+    assert offsets(tail) == list(range(7)) and tail.end == 7
+
+
+def test_a_page_that_does_not_reach_the_windows_end_changes_nothing() -> None:
+    tail = Tail(SID)
+    tail.merge(10, page(10, 12))
+    assert not tail.merge(0, page(0, 5))  # behind: a reader's own page, not the tail's
+    assert not tail.merge(20, page(20, 22))  # past the end: would leave a hole
+    assert offsets(tail) == [10, 11]
+
+
+def test_the_window_is_trimmed_to_its_limits_from_the_front_but_keeps_the_last_page() -> None:
+    tail = Tail(SID)
+    tail.merge(0, page(0, window.WINDOW_CHUNKS))
+    tail.merge(window.WINDOW_CHUNKS, page(window.WINDOW_CHUNKS, window.WINDOW_CHUNKS + 10))
+    assert len(tail.window) == window.WINDOW_CHUNKS and tail.start == 10
+    big = Tail(SID)  # one page larger than the character limit stays whole
+    big.merge(0, page(0, 3, size=window.WINDOW_CHARS))
+    assert offsets(big) == [0, 1, 2]
+    big.merge(3, page(3, 4, size=1))
+    assert offsets(big) == [3] and big.window_chars == 1
+
+
+def test_a_closed_page_fixes_the_end_once() -> None:
+    tail = Tail(SID)
+    assert tail.merge(0, page(0, 2, closed=True))
+    assert tail.final == 2
+    assert not tail.merge(2, Page(exists=True, next_offset=2, closed=True))
+
+
+def test_announcements_past_the_window_want_a_fetch() -> None:
+    tail = Tail(SID)
+    tail.merge(0, page(0, 2))
+    assert not tail.wants_fetch()
+    tail.hint = 5
+    assert tail.wants_fetch()
+    tail.hint, tail.close_hinted = 2, True
+    assert tail.wants_fetch()  # closed, but the end is not known yet
+
+
+def test_chunks_pruned_after_the_window_reset_it() -> None:
+    tail = Tail(SID)
+    tail.merge(0, page(0, 3))
+    assert tail.merge(3, Page(exists=True, next_offset=9, pruned_to=6))
+    assert (tail.start, tail.end, tail.window) == (None, 0, [])
+    other = Tail(SID)
+    other.merge(0, page(0, 3))
+    assert not other.merge(1, Page(exists=True, next_offset=9, pruned_to=6))  # a reader's page, not the tail's
+    assert offsets(other) == [0, 1, 2]
+
+
+def rows(key_index: int, next_offset: int | None, closed: bool, offsets: list[int]) -> list[tuple]:
+    if not offsets:
+        return [(key_index, next_offset, closed, None, None, None)]
+    return [(key_index, next_offset, closed, o, f"c{o}", AT) for o in offsets]
+
+
+def test_rows_become_pages_of_consecutive_chunks() -> None:
+    keys = [(SID, 0), (SID, 10)]
+    pages = pages_from_rows(keys, rows(1, 12, False, [0, 1, 2]) + rows(2, 12, False, [10, 11]))
+    assert [c.offset for c in pages[(SID, 0)].chunks] == [0, 1, 2]
+    assert [c.data for c in pages[(SID, 10)].chunks] == ["c10", "c11"]
+    assert pages[(SID, 0)].pruned_to is None and pages[(SID, 0)].next_offset == 12
+
+
+def test_a_page_stops_at_a_gap_and_a_missing_first_chunk_says_where_to_resume() -> None:
+    keys = [(SID, 0), (SID, 5), (SID, 3)]
+    pages = pages_from_rows(
+        keys, rows(1, 20, False, [0, 1, 2, 7, 8]) + rows(2, 20, False, [7, 8]) + rows(3, 20, False, [])
+    )
+    assert [c.offset for c in pages[(SID, 0)].chunks] == [0, 1, 2]  # never 7 under offset 3
+    assert pages[(SID, 5)].chunks == [] and pages[(SID, 5)].pruned_to == 7
+    assert pages[(SID, 3)].pruned_to == 20  # nothing left after 3: resume at the end
+
+
+def test_an_unknown_stream_is_a_page_that_does_not_exist() -> None:
+    pages = pages_from_rows([(SID, 0)], rows(1, None, False, []))
+    assert not pages[(SID, 0)].exists
