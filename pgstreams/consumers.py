@@ -29,10 +29,10 @@ from urllib.parse import parse_qs
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.core.exceptions import PermissionDenied
 
-from . import metrics
+from . import metrics, protocol
 from .auth import readable_stream
 from .exceptions import ChunksPruned, StreamError, StreamNotFound
-from .protocol import parse_offset, past_end
+from .protocol import BAD_REQUEST, FORBIDDEN, NOT_FOUND, PRUNED, SERVER_ERROR, TOO_SLOW
 from .reader import aread_batches
 from .types import StreamChunk
 
@@ -43,14 +43,6 @@ WINDOW_BYTES = 1 << 20
 FRAME_BYTES = 256 * 1024  # a batch larger than this is split over several frames
 ACK_TIMEOUT = 60.0
 MAX_CLIENT_FRAME = 1024  # bytes; the only client message is a small ack
-
-# Close codes
-BAD_REQUEST = 4400
-FORBIDDEN = 4403
-NOT_FOUND = 4404
-TOO_SLOW = 4408
-PRUNED = 4410
-SERVER_ERROR = 1011
 
 
 class StreamConsumer(AsyncJsonWebsocketConsumer):
@@ -68,7 +60,7 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
         try:
             self.stream_id = _stream_id(self.scope["url_route"]["kwargs"]["stream_id"])
             query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
-            self.position = self.acked_to = parse_offset(query.get("from"), "from")
+            self.position = self.acked_to = protocol.parse_offset(query.get("from"), "from")
         except (ValueError, KeyError) as exc:
             return await self.refuse(BAD_REQUEST, str(exc))
         try:
@@ -78,7 +70,7 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
         except PermissionDenied:
             return await self.refuse(FORBIDDEN, f"not allowed to read stream {self.stream_id}")
         if self.position > stream.next_offset:
-            return await self.refuse(BAD_REQUEST, past_end(self.position, stream))
+            return await self.refuse(BAD_REQUEST, protocol.past_end(self.position, stream))
         self.pump = asyncio.create_task(self.send_chunks(), name=f"pgstreams-ws-{self.stream_id}")
         metrics.websocket_clients.inc()
 
@@ -88,7 +80,7 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
             metrics.websocket_clients.dec()
 
     async def refuse(self, code: int, message: str, **details: Any) -> None:
-        await self.send_json({"type": "error", "code": code, "message": message, **details})
+        await self.send_json(protocol.error_frame(code, message, **details))
         await self.close(code=code)
 
     # -- server to client ----------------------------------------------------------------------
@@ -97,7 +89,7 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
         try:
             while not await self.send_while_window_open():
                 await self.window_open()
-            await self.send_json({"type": "end", "next_offset": self.position})
+            await self.send_json(protocol.end_frame(self.position))
             await self.drained()
             await self.close(code=1000)
         except asyncio.CancelledError:
@@ -127,13 +119,13 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
     async def send_frame(self, batch: list[StreamChunk]) -> list[StreamChunk]:
         """Send the first chunks of ``batch`` that fit the window in one frame; return the rest."""
         frame = secrets.token_hex(8)
-        head = f'{{"type":"chunks","frame":"{frame}","stream":"{self.stream_id}","items":['
-        items = _items(
+        envelope = len(protocol.chunks_frame(frame, self.stream_id, []))
+        items = protocol.frame_items(
             batch,
             max_items=WINDOW_CHUNKS - (self.position - self.acked_to),
-            max_bytes=min(FRAME_BYTES, WINDOW_BYTES - self.unacked_bytes) - len(head) - 2,
+            max_bytes=min(FRAME_BYTES, WINDOW_BYTES - self.unacked_bytes) - envelope,
         )
-        text = head + ",".join(items) + "]}"
+        text = protocol.chunks_frame(frame, self.stream_id, items)
         sent = batch[: len(items)]
         # Counted before it is sent: a fast client's ack may come back before send() returns.
         self.position = sent[-1].offset + 1
@@ -204,17 +196,3 @@ def _stream_id(value: str | uuid.UUID) -> uuid.UUID:
         return uuid.UUID(value)
     except ValueError:
         raise ValueError(f"{value[:40]!r} is not a stream id (stream ids are UUIDs)") from None
-
-
-def _items(chunks: list[StreamChunk], max_items: int, max_bytes: int) -> list[str]:
-    """The JSON items of one frame: at least one chunk, else as many as fit the limits, counting
-    the items' bytes of UTF-8 and the commas between them."""
-    items: list[str] = []
-    size = -1  # n items take n - 1 commas
-    for chunk in chunks:
-        item = f'{{"offset":{chunk.offset},"data":{json.dumps(chunk.data, ensure_ascii=False)}}}'
-        size += len(item.encode()) + 1
-        if items and (len(items) >= max_items or size > max_bytes):
-            break
-        items.append(item)
-    return items

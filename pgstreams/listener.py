@@ -10,7 +10,9 @@ never query the database themselves: ``step()`` tells a reader what to do next (
 readers asking for the same page share one fetch.
 
 Readers wait for "the tail has passed my offset", never for a flag another reader could clear.
-Every query has QUERY_TIMEOUT to be answered, and a LISTEN connection silent for
+About 430 lines, over the project's 350: what is left is one class whose parts (the readers'
+side, the three loops, delivery) all act on the same tails under one lock; its pure parts are in
+window.py, fetch.py and waits.py. Every query has QUERY_TIMEOUT to be answered, and a LISTEN connection silent for
 LISTEN_CHECK_INTERVAL is checked with a query, so a connection whose peer vanished is replaced
 within seconds. This module does not write to the database and does not know about the
 notification buffer.

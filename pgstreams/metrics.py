@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -37,6 +37,11 @@ delivery_seconds = Histogram(
     "From a chunk's commit (its created_at, the writing transaction's time) to its send to a browser.",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+
+
+def exposition() -> tuple[bytes, str]:
+    """Every metric of this process in Prometheus' text format, and its content type."""
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
 
 
 def observe_delivery(chunks: Any) -> None:

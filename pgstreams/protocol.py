@@ -1,13 +1,30 @@
-"""What browsers send and get, shared by the WebSocket consumer and the SSE view: offsets in a
-request, and the error for an offset past a stream's end. Imports neither Channels nor views."""
+"""The wire protocol browsers speak (its description is in the README), for the WebSocket
+consumer and the SSE view alike: offsets in a request, WebSocket close codes, and the shapes of
+frames and events. Imports neither Channels nor views; sends nothing."""
 
 from __future__ import annotations
 
+import json
 import re
+from typing import Any, Final
 
 from .models import Stream
+from .types import StreamChunk
 
 _OFFSET = re.compile(r"[0-9]{1,18}\Z")  # a non-negative integer that fits a bigint
+
+# WebSocket close codes
+BAD_REQUEST: Final = 4400
+FORBIDDEN: Final = 4403
+NOT_FOUND: Final = 4404
+TOO_SLOW: Final = 4408
+PRUNED: Final = 4410
+SERVER_ERROR: Final = 1011
+
+# SSE: how long EventSource waits before it reconnects, and the comment that keeps a quiet
+# connection open through proxies.
+SSE_RETRY: Final = b"retry: 1000\n\n"
+SSE_KEEPALIVE: Final = b": keepalive\n\n"
 
 
 def parse_offset(values: list[str] | None, name: str) -> int:
@@ -23,3 +40,45 @@ def parse_offset(values: list[str] | None, name: str) -> int:
 
 def past_end(position: int, stream: Stream) -> str:
     return f"offset {position} is past the end of stream {stream.id}, which has {stream.next_offset} chunks"
+
+
+def chunks_frame(frame: str, stream_id: object, items: list[str]) -> str:
+    """A WebSocket ``chunks`` frame: the items (from ``frame_items``) and the frame's id, which
+    the client's ack names."""
+    return f'{{"type":"chunks","frame":"{frame}","stream":"{stream_id}","items":[{",".join(items)}]}}'
+
+
+def frame_items(chunks: list[StreamChunk], max_items: int, max_bytes: int) -> list[str]:
+    """The JSON items of one frame: at least one chunk, else as many as fit the limits, counting
+    the items' bytes of UTF-8 and the commas between them."""
+    items: list[str] = []
+    size = -1  # n items take n - 1 commas
+    for chunk in chunks:
+        item = f'{{"offset":{chunk.offset},"data":{json.dumps(chunk.data, ensure_ascii=False)}}}'
+        size += len(item.encode()) + 1
+        if items and (len(items) >= max_items or size > max_bytes):
+            break
+        items.append(item)
+    return items
+
+
+def end_frame(next_offset: int) -> dict[str, Any]:
+    return {"type": "end", "next_offset": next_offset}
+
+
+def error_frame(code: int, message: str, **details: Any) -> dict[str, Any]:
+    return {"type": "error", "code": code, "message": message, **details}
+
+
+def sse_chunk(chunk: StreamChunk) -> bytes:
+    """One chunk as an SSE event: ``id`` its offset, the data as JSON (so newlines survive)."""
+    body = json.dumps({"offset": chunk.offset, "data": chunk.data}, ensure_ascii=False)
+    return f"id: {chunk.offset}\ndata: {body}\n\n".encode()
+
+
+def sse_end(next_offset: int) -> bytes:
+    return f"event: end\ndata: {json.dumps({'next_offset': next_offset})}\n\n".encode()
+
+
+def sse_error(message: str, **details: Any) -> bytes:
+    return f"event: error\ndata: {json.dumps({'message': message, **details})}\n\n".encode()

@@ -38,40 +38,47 @@ def _check_timeout(timeout: float | None) -> None:
 
 class _Reading:
     """One reader's place in a stream while it reads: attached to the listener's tail, with its
-    position and the deadline for its next chunk (renewed whenever chunks arrive)."""
+    position and the deadline for its next chunk (renewed whenever chunks arrive). A wait that
+    outlasts the deadline leaves the ``with`` block as ``ReadTimeout``."""
 
     def __init__(self, stream_id: uuid.UUID, pos: int, timeout: float | None, loop: asyncio.AbstractEventLoop | None):
         self.stream_id, self.pos, self.timeout, self.loop = stream_id, pos, timeout, loop
         self.listener = get_listener()
         self.tail = self.listener.attach(stream_id)
         metrics.readers.inc()
-        self.renew()
+        self.deadline = self._deadline()
 
     def __enter__(self) -> _Reading:
         return self
 
-    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
         self.listener.detach(self.tail)
         metrics.readers.dec()
+        if kind is not None and issubclass(kind, TimeoutError) and not isinstance(error, ReadTimeout):
+            raise ReadTimeout(f"no chunk from stream {self.stream_id} within {self.timeout} s") from None
 
-    def renew(self) -> None:
-        self.deadline = None if self.timeout is None else time.monotonic() + self.timeout
+    def _deadline(self) -> float | None:
+        return None if self.timeout is None else time.monotonic() + self.timeout
 
-    def step(self) -> tuple[Step, float | None]:
-        """The next step and how long it may wait; ReadTimeout if the time is up already."""
+    def next(self) -> Step:
+        return self.listener.step(self.tail, self.pos, self.loop)
+
+    @property
+    def left(self) -> float | None:
+        """How long the next wait may last; TimeoutError if the time is up already."""
         if self.deadline is None:
-            return self.listener.step(self.tail, self.pos, self.loop), None
+            return None
         left = self.deadline - time.monotonic()
         if left <= 0:
-            raise self.timed_out()
-        return self.listener.step(self.tail, self.pos, self.loop), left
+            raise TimeoutError
+        return left
 
-    def took(self, chunks: list[StreamChunk]) -> None:
-        self.pos = chunks[-1].offset + 1
-        self.renew()
-
-    def timed_out(self) -> ReadTimeout:
-        return ReadTimeout(f"no chunk from stream {self.stream_id} within {self.timeout} s")
+    def took(self, chunks: list[StreamChunk] | None) -> list[StreamChunk] | None:
+        """Note what a step gave (None: the end) and pass it on."""
+        if chunks:
+            self.pos = chunks[-1].offset + 1
+            self.deadline = self._deadline()
+        return chunks
 
 
 def read(stream_id: Any, *, from_offset: int = 0, timeout: float | None = None) -> Iterator[StreamChunk]:
@@ -109,16 +116,8 @@ def _read(sid: uuid.UUID, pos: int, timeout: float | None) -> Iterator[StreamChu
 
 def _read_batches(sid: uuid.UUID, pos: int, timeout: float | None) -> Iterator[list[StreamChunk]]:
     with _Reading(sid, pos, timeout, None) as reading:
-        while True:
-            step, left = reading.step()
-            try:
-                chunks = step.take(left)
-            except TimeoutError:
-                raise reading.timed_out() from None
-            if chunks is None:
-                return
-            if chunks:
-                reading.took(chunks)
+        while (chunks := reading.took(reading.next().take(reading.left))) is not None:
+            if chunks:  # empty: the wait is over, ask again
                 yield chunks
 
 
@@ -138,14 +137,6 @@ async def aread_batches(
     pos = _start_offset(from_offset)
     _check_timeout(timeout)
     with _Reading(sid, pos, timeout, asyncio.get_running_loop()) as reading:
-        while True:
-            step, left = reading.step()
-            try:
-                chunks = await step.take_async(left)
-            except TimeoutError:
-                raise reading.timed_out() from None
-            if chunks is None:
-                return
-            if chunks:
-                reading.took(chunks)
+        while (chunks := reading.took(await reading.next().take_async(reading.left))) is not None:
+            if chunks:  # empty: the wait is over, ask again
                 yield chunks

@@ -6,18 +6,15 @@ from __future__ import annotations
 
 import contextlib
 import hmac
-import json
 import uuid
 from collections.abc import AsyncIterator
 
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, StreamingHttpResponse
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from . import conf, metrics
+from . import conf, metrics, protocol
 from .auth import readable_stream
 from .exceptions import ChunksPruned, ReadTimeout, StreamNotFound
-from .protocol import parse_offset, past_end
 from .reader import aread_batches
 
 # Seconds of silence after which a comment line keeps proxies from closing the connection.
@@ -26,7 +23,6 @@ KEEPALIVE = 15.0
 # client (EventSource does this by itself) reconnects with Last-Event-ID. This bounds what a
 # client that stops reading can hold in the server's send buffers.
 RESPONSE_BYTES = 1 << 20
-RETRY_MS = 1000
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:
@@ -40,7 +36,8 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         response = HttpResponse("metrics are for staff, or for a bearer of METRICS_TOKEN\n", status=401)
         response["WWW-Authenticate"] = 'Bearer realm="pgstreams metrics"'
         return response
-    return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)
+    body, content_type = metrics.exposition()
+    return HttpResponse(body, content_type=content_type)
 
 
 async def events(request: HttpRequest, stream_id: uuid.UUID) -> HttpResponse:
@@ -51,9 +48,9 @@ async def events(request: HttpRequest, stream_id: uuid.UUID) -> HttpResponse:
     try:
         last_seen = request.headers.get("Last-Event-ID")
         if last_seen is not None:
-            start = parse_offset([last_seen], "Last-Event-ID") + 1
+            start = protocol.parse_offset([last_seen], "Last-Event-ID") + 1
         else:
-            start = parse_offset(request.GET.getlist("from"), "from")
+            start = protocol.parse_offset(request.GET.getlist("from"), "from")
     except ValueError as exc:
         return HttpResponseBadRequest(f"{exc}\n", content_type="text/plain")
     try:
@@ -63,7 +60,7 @@ async def events(request: HttpRequest, stream_id: uuid.UUID) -> HttpResponse:
     except PermissionDenied:
         return HttpResponse(f"not allowed to read stream {stream_id}\n", status=403, content_type="text/plain")
     if start > stream.next_offset:
-        return HttpResponseBadRequest(f"{past_end(start, stream)}\n", content_type="text/plain")
+        return HttpResponseBadRequest(f"{protocol.past_end(start, stream)}\n", content_type="text/plain")
     response = StreamingHttpResponse(_event_stream(stream_id, start), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx: do not buffer the stream
@@ -80,7 +77,7 @@ async def _event_stream(stream_id: uuid.UUID, position: int) -> AsyncIterator[by
 
 
 async def _events(stream_id: uuid.UUID, position: int) -> AsyncIterator[bytes]:
-    yield f"retry: {RETRY_MS}\n\n".encode()
+    yield protocol.SSE_RETRY
     sent = 0
     while True:
         try:
@@ -90,8 +87,7 @@ async def _events(stream_id: uuid.UUID, position: int) -> AsyncIterator[bytes]:
                 async for batch in batches:
                     payload = bytearray()
                     for chunk in batch:
-                        body = json.dumps({"offset": chunk.offset, "data": chunk.data}, ensure_ascii=False)
-                        payload += f"id: {chunk.offset}\ndata: {body}\n\n".encode()
+                        payload += protocol.sse_chunk(chunk)
                         position = chunk.offset + 1
                         if sent + len(payload) >= RESPONSE_BYTES:
                             break
@@ -101,14 +97,13 @@ async def _events(stream_id: uuid.UUID, position: int) -> AsyncIterator[bytes]:
                     if sent >= RESPONSE_BYTES:
                         return  # the client resumes from Last-Event-ID
         except ReadTimeout:
-            yield b": keepalive\n\n"
+            yield protocol.SSE_KEEPALIVE
             continue
         except StreamNotFound:
-            yield b'event: error\ndata: {"message": "the stream was deleted"}\n\n'
+            yield protocol.sse_error("the stream was deleted")
             return
         except ChunksPruned as exc:
-            error = {"message": str(exc), "first_offset": exc.first_offset}
-            yield f"event: error\ndata: {json.dumps(error)}\n\n".encode()
+            yield protocol.sse_error(str(exc), first_offset=exc.first_offset)
             return
-        yield f"event: end\ndata: {json.dumps({'next_offset': position})}\n\n".encode()
+        yield protocol.sse_end(position)
         return

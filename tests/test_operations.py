@@ -19,7 +19,7 @@ from django.db import transaction
 from django.utils import timezone
 
 import pgstreams
-from pgstreams import ops
+from pgstreams import maintenance
 from pgstreams.models import Chunk, Stream
 from pgstreams.signals import stream_closed
 from tests.helpers import ROOT, subprocess_database_url
@@ -97,8 +97,12 @@ def test_prune_deletes_old_closed_streams_in_batches_and_never_open_ones() -> No
     assert "would delete 6 stream(s)" in out and "with 40 chunk(s)" in out
     assert Stream.objects.count() == 8
 
-    seen: list[ops.Pruned] = []
-    done = ops.prune(ops.parse_cutoff("7d"), batch=10, progress=lambda p: seen.append(ops.Pruned(p.streams, p.chunks)))
+    seen: list[maintenance.Pruned] = []
+    done = maintenance.prune(
+        maintenance.parse_cutoff("7d"),
+        batch=10,
+        progress=lambda p: seen.append(maintenance.Pruned(p.streams, p.chunks)),
+    )
     assert (done.streams, done.chunks) == (6, 40)
     assert len(seen) >= 3  # several short transactions, not one
     left = set(Stream.objects.values_list("pk", flat=True))
@@ -118,7 +122,7 @@ def test_prune_finds_its_batches_through_an_index_not_a_scan_and_sort() -> None:
     with transaction.atomic(), connection.cursor() as cursor:
         # What the planner picks on a large table, where LIMIT makes an ordered index scan cheapest.
         cursor.execute("SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off")
-        cursor.execute("EXPLAIN " + ops.CANDIDATES_SQL, [timezone.now(), 1000])
+        cursor.execute("EXPLAIN " + maintenance.CANDIDATES_SQL, [timezone.now(), 1000])
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "pgstreams_stream_closed" in plan and "Sort" not in plan, plan
 
@@ -140,7 +144,7 @@ def test_prune_while_a_writer_writes() -> None:
     writer = threading.Thread(target=write)
     writer.start()
     try:
-        done = ops.prune(ops.parse_cutoff("7d"), batch=100)
+        done = maintenance.prune(maintenance.parse_cutoff("7d"), batch=100)
     finally:
         stop.set()
         writer.join(10)

@@ -1,4 +1,4 @@
-"""How the WebSocket consumer fills a frame (consumers._items): at least one chunk, then as many
+"""How the WebSocket consumer fills a frame (protocol.frame_items): at least one chunk, then as many
 as the limits allow, sized in exact bytes of the JSON it sends."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import datetime
 import json
 import uuid
 
-from pgstreams.consumers import _items
+from pgstreams.protocol import frame_items as _items
 from pgstreams.types import StreamChunk
 
 AT = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)

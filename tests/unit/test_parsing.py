@@ -8,7 +8,7 @@ import datetime
 import pytest
 from django.utils import timezone
 
-from pgstreams import ops, protocol
+from pgstreams import maintenance, protocol
 
 
 @pytest.mark.parametrize(
@@ -26,8 +26,8 @@ def test_anything_else_is_a_value_error_that_names_the_parameter(values) -> None
 
 def test_parse_cutoff() -> None:
     now = timezone.now()
-    assert ops.parse_cutoff("7d", now) == now - datetime.timedelta(days=7)
-    assert ops.parse_cutoff("12h", now) == now - datetime.timedelta(hours=12)
-    assert ops.parse_cutoff("2026-01-02").isoformat() == "2026-01-02T00:00:00+00:00"
+    assert maintenance.parse_cutoff("7d", now) == now - datetime.timedelta(days=7)
+    assert maintenance.parse_cutoff("12h", now) == now - datetime.timedelta(hours=12)
+    assert maintenance.parse_cutoff("2026-01-02").isoformat() == "2026-01-02T00:00:00+00:00"
     with pytest.raises(ValueError, match="neither an age"):
-        ops.parse_cutoff("soon")
+        maintenance.parse_cutoff("soon")

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from pgstreams import ops
+from pgstreams import maintenance
 
 
 class Command(BaseCommand):
@@ -21,12 +21,12 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, closed_before: str, batch: int, dry_run: bool, **options: Any) -> None:
         try:
-            cutoff = ops.parse_cutoff(closed_before)
+            cutoff = maintenance.parse_cutoff(closed_before)
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         if batch < 1:
             raise CommandError("--batch must be at least 1")
-        todo = ops.prunable(cutoff)
+        todo = maintenance.prunable(cutoff)
         if not todo.streams:
             self.stdout.write(f"nothing to delete: no stream was closed before {cutoff.isoformat()}")
             return
@@ -38,14 +38,14 @@ class Command(BaseCommand):
             return
         show = self.stdout.isatty() if hasattr(self.stdout, "isatty") else sys.stdout.isatty()
 
-        def progress(done: ops.Pruned) -> None:
+        def progress(done: maintenance.Pruned) -> None:
             if show:
                 share = done.chunks / todo.chunks if todo.chunks else done.streams / todo.streams
                 bar = "#" * int(30 * min(share, 1.0))
                 self.stdout.write(f"\r[{bar:<30}] {done.streams}/{todo.streams} streams", ending="")
                 self.stdout.flush()
 
-        done = ops.prune(cutoff, batch=batch, progress=progress)
+        done = maintenance.prune(cutoff, batch=batch, progress=progress)
         if show:
             self.stdout.write("")
         self.stdout.write(f"deleted {done.streams} stream(s) and {done.chunks} chunk(s)")

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from pgstreams import ops
+from pgstreams import maintenance
 
 
 def _size(n: int) -> str:
@@ -22,11 +22,11 @@ class Command(BaseCommand):
     help = "Show streams open and closed, chunks, table sizes, the notification queue and settings."
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--json", action="store_true")
+        parser.add_argument("--json", dest="as_json", action="store_true")
 
-    def handle(self, *args: Any, json: bool, **options: Any) -> None:
-        figures = ops.stats()
-        if json:
+    def handle(self, *args: Any, as_json: bool, **options: Any) -> None:
+        figures = maintenance.stats()
+        if as_json:
             self.stdout.write(_dumps(figures))
             return
         lines = [

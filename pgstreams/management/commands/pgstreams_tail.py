@@ -17,12 +17,12 @@ class Command(BaseCommand):
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("stream_id")
         parser.add_argument("--from", dest="from_offset", type=int, default=0, help="first offset (default 0)")
-        parser.add_argument("--json", action="store_true", help="one JSON object per chunk and line")
+        parser.add_argument("--json", dest="as_json", action="store_true", help="one JSON object per chunk and line")
 
-    def handle(self, *args: Any, stream_id: str, from_offset: int, json: bool, **options: Any) -> None:
+    def handle(self, *args: Any, stream_id: str, from_offset: int, as_json: bool, **options: Any) -> None:
         try:
             for chunk in pgstreams.read(stream_id, from_offset=from_offset):
-                if json:
+                if as_json:
                     self.stdout.write(_line(chunk))
                 else:
                     self.stdout.write(chunk.data, ending="")
@@ -31,7 +31,7 @@ class Command(BaseCommand):
             return
         except (pgstreams.StreamNotFound, ValueError, TypeError) as exc:
             raise CommandError(str(exc)) from None
-        if not json:
+        if not as_json:
             self.stdout.write("")  # end with a newline
 
 

@@ -1,4 +1,4 @@
-"""Operations on stored streams: pruning closed ones in batches, and the figures of
+"""Maintenance of stored streams: pruning closed ones in batches, and the figures of
 ``pgstreams_stats``. The management commands are thin wrappers over these functions.
 
 Pruning never touches an open stream, and each batch is one short transaction: a stream's
