@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -33,9 +34,18 @@ def from_url(url: str) -> dict[str, Any]:
     }
 
 
+_starting = threading.Lock()
+
+
 @functools.cache
 def start_embedded() -> tuple[str, str]:
-    """Start (or reuse) the embedded server; return its socket directory and port."""
+    """Start (or reuse) the embedded server; return its socket directory and port. Once per
+    process: the first connections may come from several threads at once."""
+    with _starting:
+        return _start()
+
+
+def _start() -> tuple[str, str]:
     with warnings.catch_warnings():
         # platformdirs warns that XDG_RUNTIME_DIR is unset on servers, then uses /tmp: harmless.
         warnings.simplefilter("ignore")

@@ -49,7 +49,7 @@ def check_database(app_configs: Any = None, **kwargs: Any) -> list[Any]:
 @register()
 def check_listen_database(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     """LISTEN needs a session of its own: through PgBouncer in transaction mode it goes deaf."""
-    if conf.SETTINGS["LISTEN_DATABASE"].problem() or conf.database.problem():
+    if conf.listen_database_setting.problem() or conf.database.problem():
         return []
     alias = conf.listen_database()
     settings_dict = connections[alias].settings_dict

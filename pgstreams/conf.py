@@ -66,6 +66,7 @@ SECONDS = Rule(lambda v: (_whole(v) or isinstance(v, float)) and v > 0, "a posit
 
 
 T = TypeVar("T")
+_UNSET: Any = object()
 
 
 @dataclass(frozen=True)
@@ -84,20 +85,25 @@ class Setting(Generic[T]):
         SETTINGS[self.name] = self
 
     def __call__(self) -> T:
-        if self.name not in _validated:
-            error = self.problem()
-            if error:
-                raise ImproperlyConfigured(error)
-            _validated[self.name] = self.convert(self.raw())
-        return _validated[self.name]
+        try:
+            return _validated[self.name]
+        except KeyError:
+            pass
+        value = self.raw()
+        error = self.problem(value)
+        if error:
+            raise ImproperlyConfigured(error)
+        converted = _validated[self.name] = self.convert(value)
+        return converted
 
     def raw(self) -> Any:
         """The value in ``settings.PGSTREAMS``, or the default; not validated."""
         return _user_settings().get(self.name, self.default)
 
-    def problem(self) -> str | None:
-        """What is wrong with the value in effect, or None when it is valid."""
-        value = self.raw()
+    def problem(self, value: Any = _UNSET) -> str | None:
+        """What is wrong with ``value`` (by default the value in effect), or None when it is valid."""
+        if value is _UNSET:
+            value = self.raw()
         if self.rule.test(value):
             return None
         return f"PGSTREAMS[{self.name!r}] is {value!r}; it must be {self.rule.text}"
@@ -167,13 +173,12 @@ max_chunk_bytes: Setting[int] = Setting(
 database: Setting[str] = Setting(
     "DATABASE", "default", _alias(), "pgstreams.E007", "the database alias that holds the streams"
 )
-authorize: Setting[Callable[[Any, Any], bool]] = Setting(
+_authorize: Setting[str] = Setting(
     "AUTHORIZE",
     "pgstreams.auth.default_authorize",
     Rule(_importable, "the dotted path of a callable(user, stream) -> bool"),
     "pgstreams.E008",
     "who may read a stream over WebSocket and SSE (see Authorization)",
-    import_string,
 )
 prepared_statements: Setting[bool] = Setting(
     "PREPARED_STATEMENTS",
@@ -184,7 +189,7 @@ prepared_statements: Setting[bool] = Setting(
     "connection: about 30% more writes/s measured); set `False` behind a pooler that cannot keep prepared "
     "statements (PgBouncer before 1.21 in transaction mode)",
 )
-_listen_database: Setting[str | None] = Setting(
+listen_database_setting: Setting[str | None] = Setting(
     "LISTEN_DATABASE",
     None,
     _alias("use DATABASE", " that connects to Postgres directly"),
@@ -209,7 +214,7 @@ synchronous_commit: Setting[str | None] = Setting(
     'the `synchronous_commit` level of writes that pass none (`"off"`, `"local"`, `"remote_write"`, `"on"`, '
     '`"remote_apply"`); `None` keeps the server\'s own',
 )
-_read_database: Setting[str | None] = Setting(
+read_database_setting: Setting[str | None] = Setting(
     "READ_DATABASE",
     None,
     _alias("read from DATABASE", ", such as a hot standby of DATABASE"),
@@ -256,9 +261,14 @@ async_threads: Setting[int] = Setting(
 
 def listen_database() -> str:
     """The alias of the listener's LISTEN connection: LISTEN_DATABASE, else DATABASE."""
-    return _listen_database() or database()
+    return listen_database_setting() or database()
 
 
 def read_database() -> str:
     """The alias readers fetch chunks and stream state from: READ_DATABASE, else DATABASE."""
-    return _read_database() or database()
+    return read_database_setting() or database()
+
+
+def authorize() -> Callable[[Any, Any], bool]:
+    """The AUTHORIZE callable, imported at each call (so patching it takes effect)."""
+    return import_string(_authorize())

@@ -10,12 +10,14 @@ never query the database themselves: ``step()`` tells a reader what to do next (
 readers asking for the same page share one fetch.
 
 Readers wait for "the tail has passed my offset", never for a flag another reader could clear.
-About 430 lines, over the project's 350: what is left is one class whose parts (the readers'
-side, the three loops, delivery) all act on the same tails under one lock; its pure parts are in
-window.py, fetch.py and waits.py. Every query has QUERY_TIMEOUT to be answered, and a LISTEN connection silent for
+Every query has QUERY_TIMEOUT to be answered, and a LISTEN connection silent for
 LISTEN_CHECK_INTERVAL is checked with a query, so a connection whose peer vanished is replaced
 within seconds. This module does not write to the database and does not know about the
 notification buffer.
+
+About 430 lines, over the project's 350: what is left is one class whose parts (the readers'
+side, the three loops, delivery) all act on the same tails under one lock; the window
+arithmetic is in window.py, the queries in fetch.py, the readers' steps in waits.py.
 """
 
 from __future__ import annotations
@@ -43,8 +45,6 @@ from .window import BATCH, Page, Tail, Waiter
 
 logger = logging.getLogger("pgstreams.listener")
 
-Key = fetch.Key
-
 
 class Listener:
     """This process's listener; get it with ``get_listener()``."""
@@ -52,7 +52,7 @@ class Listener:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._tails: dict[uuid.UUID, Tail] = {}
-        self._requests: dict[Key, list[concurrent.futures.Future[Page]]] = {}
+        self._requests: dict[fetch.Key, list[concurrent.futures.Future[Page]]] = {}
         self._kicked = False
         self._behind_pending = False  # a _fetch_behind() is scheduled
         self._fetch_limit = fetch.FETCH_KEYS
@@ -288,7 +288,7 @@ class Listener:
         finally:
             await conns.close()
 
-    async def _fetch_round(self, conns: fetch.Connections, keys: list[Key], polled: set[uuid.UUID]) -> bool:
+    async def _fetch_round(self, conns: fetch.Connections, keys: list[fetch.Key], polled: set[uuid.UUID]) -> bool:
         """Fetch the pages of ``keys`` and deliver them (nothing here outlives the round);
         return whether a reader waits for chunks the read database does not show yet."""
         began = time.monotonic()
@@ -303,7 +303,7 @@ class Listener:
         self.stats.fetches += 1
         return self._deliver(pages, polled) or waiting
 
-    def _refuse(self, key: Key, exc: Exception) -> None:
+    def _refuse(self, key: fetch.Key, exc: Exception) -> None:
         """Fail the readers waiting for a page the database refuses to give; no one else."""
         stream_id, offset = key
         logger.warning("pgstreams: cannot read stream %s from offset %d: %s", stream_id, offset, exc)
@@ -332,7 +332,7 @@ class Listener:
                     tail.dirty = True
             self._work.set()
 
-    def _collect(self, limit: int) -> tuple[list[Key], set[uuid.UUID]]:
+    def _collect(self, limit: int) -> tuple[list[fetch.Key], set[uuid.UUID]]:
         """The (stream, offset) pages to fetch now, at most ``limit``: readers' requests first,
         then dirty tails. What does not fit stays pending, for a round that follows at once."""
         with self._lock:
@@ -354,7 +354,7 @@ class Listener:
                 self._work.set()
             return list(keys), polled
 
-    def _deliver(self, pages: dict[Key, Page], polled: set[uuid.UUID]) -> bool:
+    def _deliver(self, pages: dict[fetch.Key, Page], polled: set[uuid.UUID]) -> bool:
         """Answer readers' requests, fold pages into tails and wake the readers of tails that
         moved. Return whether a tail with waiting readers is announced further than its page
         showed (only a read database lagging behind the primary does that)."""

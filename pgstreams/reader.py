@@ -60,12 +60,15 @@ class _Reading:
     def _deadline(self) -> float | None:
         return None if self.timeout is None else time.monotonic() + self.timeout
 
+    def renew(self) -> None:
+        """The caller is back for more: the time to wait for the next chunk starts now."""
+        self.deadline = self._deadline()
+
     def next(self) -> Step:
         return self.listener.step(self.tail, self.pos, self.loop)
 
-    @property
     def left(self) -> float | None:
-        """How long the next wait may last; TimeoutError if the time is up already."""
+        """How long a wait may last now; TimeoutError if the time is up already."""
         if self.deadline is None:
             return None
         left = self.deadline - time.monotonic()
@@ -77,7 +80,6 @@ class _Reading:
         """Note what a step gave (None: the end) and pass it on."""
         if chunks:
             self.pos = chunks[-1].offset + 1
-            self.deadline = self._deadline()
         return chunks
 
 
@@ -119,6 +121,7 @@ def _read_batches(sid: uuid.UUID, pos: int, timeout: float | None) -> Iterator[l
         while (chunks := reading.took(reading.next().take(reading.left))) is not None:
             if chunks:  # empty: the wait is over, ask again
                 yield chunks
+                reading.renew()
 
 
 async def aread(stream_id: Any, *, from_offset: int = 0, timeout: float | None = None) -> AsyncIterator[StreamChunk]:
@@ -140,3 +143,4 @@ async def aread_batches(
         while (chunks := reading.took(await reading.next().take_async(reading.left))) is not None:
             if chunks:  # empty: the wait is over, ask again
                 yield chunks
+                reading.renew()

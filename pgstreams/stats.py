@@ -33,7 +33,7 @@ class ListenerStats(_Stats):
     polls: int = 0  # fallback polls that marked followed streams
     poll_found: int = 0  # polled streams that had chunks no notification announced
     fetches: int = 0  # fetch rounds
-    fetch_errors: int = 0  # fetch rounds that failed, or were refused and retried key by key
+    fetch_errors: int = 0  # fetch rounds that failed, and pages the database refused
     fetch_seconds: float = 0.0  # time spent in fetch rounds
     chunks_fetched: int = 0
     read_behind: int = 0  # rounds that found READ_DATABASE behind what was announced

@@ -1,10 +1,12 @@
 """What a reader does next, as ``Listener.step()`` tells it: take chunks, stop at the stream's
 end, or wait, for a page only its position needs or for the stream's tail to move.
 
-Every step is taken the same two ways: ``take(timeout)`` from a thread, ``await
-take_async(timeout)`` from an event loop. Both return the chunks to hand out (an empty list:
-ask for the next step), or None at the end, and raise ``TimeoutError`` when the wait outlasts
-``timeout``. This is the whole contract between the listener and ``reader.py``.
+Every step is taken the same two ways: ``take(left)`` from a thread, ``await take_async(left)``
+from an event loop. Both return the chunks to hand out (an empty list: ask for the next step),
+or None at the end. A step that waits asks ``left()`` how long it may (None: for ever; it
+raises ``TimeoutError`` once the time is up) and raises ``TimeoutError`` when the wait outlasts
+it; a step that does not wait never asks. The listener settles and wakes the waits with
+``settle()`` and ``wake()``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import asyncio
 import concurrent.futures
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -20,11 +23,13 @@ from .exceptions import ChunksPruned, StreamNotFound
 from .types import StreamChunk
 from .window import Page, Waiter
 
+Left = Callable[[], float | None]  # how long a wait may last
+
 
 class Step(Protocol):
-    def take(self, timeout: float | None) -> list[StreamChunk] | None: ...
+    def take(self, left: Left) -> list[StreamChunk] | None: ...
 
-    async def take_async(self, timeout: float | None) -> list[StreamChunk] | None: ...
+    async def take_async(self, left: Left) -> list[StreamChunk] | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,20 +38,20 @@ class Ready:
 
     chunks: list[StreamChunk]
 
-    def take(self, timeout: float | None) -> list[StreamChunk]:
+    def take(self, left: Left) -> list[StreamChunk]:
         return self.chunks
 
-    async def take_async(self, timeout: float | None) -> list[StreamChunk]:
+    async def take_async(self, left: Left) -> list[StreamChunk]:
         return self.chunks
 
 
 class _End:
     """The stream is closed and the reader has every chunk."""
 
-    def take(self, timeout: float | None) -> None:
+    def take(self, left: Left) -> None:
         return None
 
-    async def take_async(self, timeout: float | None) -> None:
+    async def take_async(self, left: Left) -> None:
         return None
 
 
@@ -62,11 +67,11 @@ class ForPage:
     stream_id: uuid.UUID
     pos: int
 
-    def take(self, timeout: float | None) -> list[StreamChunk]:
-        return self._chunks(self.future.result(timeout))
+    def take(self, left: Left) -> list[StreamChunk]:
+        return self._chunks(self.future.result(left()))
 
-    async def take_async(self, timeout: float | None) -> list[StreamChunk]:
-        return self._chunks(await asyncio.wait_for(asyncio.wrap_future(self.future), timeout))
+    async def take_async(self, left: Left) -> list[StreamChunk]:
+        return self._chunks(await asyncio.wait_for(asyncio.wrap_future(self.future), left()))
 
     def _chunks(self, page: Page) -> list[StreamChunk]:
         if not page.exists:
@@ -82,15 +87,15 @@ class ForTail:
 
     event: Waiter
 
-    def take(self, timeout: float | None) -> list[StreamChunk]:
+    def take(self, left: Left) -> list[StreamChunk]:
         assert isinstance(self.event, threading.Event)
-        if not self.event.wait(timeout):
+        if not self.event.wait(left()):
             raise TimeoutError
         return []
 
-    async def take_async(self, timeout: float | None) -> list[StreamChunk]:
+    async def take_async(self, left: Left) -> list[StreamChunk]:
         assert isinstance(self.event, asyncio.Event)
-        await asyncio.wait_for(self.event.wait(), timeout)
+        await asyncio.wait_for(self.event.wait(), left())
         return []
 
 

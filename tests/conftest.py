@@ -1,4 +1,5 @@
-"""Fixtures shared by the suite: every test talks to a real Postgres (embedded or DATABASE_URL)."""
+"""Fixtures shared by the suite. Tests outside tests/unit talk to a real Postgres (embedded or
+DATABASE_URL); tests/unit needs none."""
 
 from __future__ import annotations
 

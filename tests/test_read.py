@@ -276,7 +276,7 @@ def test_a_request_the_server_rejects_fails_only_the_reader_that_made_it() -> No
 
     def poisoned_read() -> None:
         try:
-            hub.step(tail, 2**63, None).take(10)
+            hub.step(tail, 2**63, None).take(lambda: 10)
         finally:
             hub.detach(tail)
 
@@ -371,3 +371,25 @@ def test_more_pages_than_one_query_takes_are_fetched_in_rounds_that_follow_at_on
         t.join(20)
     assert got == {s.id: [str(i) for i in range(5)] for s in streams}
     assert listener.get_listener().stats.fetches >= 7  # 20 first pages, 3 at a time
+
+
+def test_timeout_counts_only_the_wait_for_chunks_not_the_callers_time() -> None:
+    s = pgstreams.create_stream()
+    pgstreams.write_many(s.id, ["a", "b"])
+    pgstreams.close(s.id)
+    got = []
+    for chunk in pgstreams.read(s.id, timeout=0.2):
+        got.append(chunk.data)
+        time.sleep(0.3)  # slower than the timeout, while the next chunk and the end are there
+    assert got == ["a", "b"]
+
+
+async def test_timeout_counts_only_the_wait_for_chunks_in_aread_too() -> None:
+    s = await pgstreams.acreate_stream()
+    await pgstreams.awrite_many(s.id, ["a", "b"])
+    await pgstreams.aclose(s.id)
+    got = []
+    async for chunk in pgstreams.aread(s.id, timeout=0.2):
+        got.append(chunk.data)
+        await asyncio.sleep(0.3)
+    assert got == ["a", "b"]

@@ -3,6 +3,7 @@ authorization, flow control and bad client frames."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from typing import Any
@@ -296,16 +297,26 @@ async def test_a_client_with_a_full_window_pins_no_chunk_it_was_not_sent(monkeyp
     # waiting for acks must not sit on the part of the page it could not send.
     import gc
 
+    from prometheus_client import REGISTRY
+
     from pgstreams.types import StreamChunk
+
+    def readers() -> float:
+        return REGISTRY.get_sample_value("pgstreams_active_readers")
 
     monkeypatch.setattr(consumers, "WINDOW_CHUNKS", 10)
     s = await pgstreams.acreate_stream()
     await pgstreams.awrite_many(s.id, [f"c{i}" for i in range(400)])
+    before = readers()
     ws = await connect(s.id)
     frames = []
     while len(offsets(frames)) < 10:
         frames.append(await ws.receive_json_from(5))
     assert await ws.receive_nothing(0.3)  # the window is full
+    for _ in range(50):  # bounded: until the consumer has let go of its reader (never, before)
+        if readers() == before:
+            break
+        await asyncio.sleep(0.1)
     gc.collect()
     held = [o for o in gc.get_objects() if isinstance(o, StreamChunk) and o.stream_id == s.id]
     assert held == []

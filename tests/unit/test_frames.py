@@ -7,7 +7,7 @@ import datetime
 import json
 import uuid
 
-from pgstreams.protocol import frame_items as _items
+from pgstreams.protocol import frame_items
 from pgstreams.types import StreamChunk
 
 AT = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
@@ -23,17 +23,17 @@ def size(items: list[str]) -> int:
 
 def test_items_are_the_json_of_each_chunk_escapes_and_all() -> None:
     data = ["plain", 'quote " and \\ backslash', "\x01\x1f control", "é ü 😀", "line\nbreak"]
-    items = _items(chunks(*data), max_items=10, max_bytes=10_000)
+    items = frame_items(chunks(*data), max_items=10, max_bytes=10_000)
     assert [json.loads(i) for i in items] == [{"offset": i, "data": d} for i, d in enumerate(data)]
 
 
 def test_the_byte_limit_counts_escapes_and_commas_exactly() -> None:
     control = "\x01" * 100  # 600 bytes once escaped
-    one = size(_items(chunks(control), 10, 10_000))
-    assert size(_items(chunks(control, control, control), 10, 2 * one + 1)) == 2 * one + 1
-    assert len(_items(chunks(control, control, control), 10, 2 * one)) == 1  # the comma does not fit
+    one = size(frame_items(chunks(control), 10, 10_000))
+    assert size(frame_items(chunks(control, control, control), 10, 2 * one + 1)) == 2 * one + 1
+    assert len(frame_items(chunks(control, control, control), 10, 2 * one)) == 1  # the comma does not fit
 
 
-def test_a_frame_carries_at_least_one_chunk_and_at_most_max_items() -> None:
-    assert len(_items(chunks("x" * 1000), max_items=10, max_bytes=1)) == 1
-    assert len(_items(chunks(*"abcdef"), max_items=4, max_bytes=10_000)) == 4
+def test_a_frame_carries_at_least_one_chunk_and_at_most_maxframe_items() -> None:
+    assert len(frame_items(chunks("x" * 1000), max_items=10, max_bytes=1)) == 1
+    assert len(frame_items(chunks(*"abcdef"), max_items=4, max_bytes=10_000)) == 4
