@@ -42,6 +42,7 @@ WINDOW_CHUNKS = 1024
 WINDOW_BYTES = 1 << 20
 FRAME_BYTES = 256 * 1024  # a batch larger than this is split over several frames
 ACK_TIMEOUT = 60.0
+FRAME_ID_BYTES = 8  # random bytes of a frame's id (sent as hex), which the client's ack names
 MAX_CLIENT_FRAME = 1024  # bytes; the only client message is a small ack
 
 
@@ -71,6 +72,8 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
             return await self.refuse(FORBIDDEN, f"not allowed to read stream {self.stream_id}")
         if self.position > stream.next_offset:
             return await self.refuse(BAD_REQUEST, protocol.past_end(self.position, stream))
+        # The bytes of a chunks frame around its items: the same for every frame of this socket.
+        self.envelope = len(protocol.chunks_frame("0" * 2 * FRAME_ID_BYTES, self.stream_id, []))
         self.pump = asyncio.create_task(self.send_chunks(), name=f"pgstreams-ws-{self.stream_id}")
         metrics.websocket_clients.inc()
 
@@ -118,12 +121,11 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
 
     async def send_frame(self, batch: list[StreamChunk]) -> list[StreamChunk]:
         """Send the first chunks of ``batch`` that fit the window in one frame; return the rest."""
-        frame = secrets.token_hex(8)
-        envelope = len(protocol.chunks_frame(frame, self.stream_id, []))
+        frame = secrets.token_hex(FRAME_ID_BYTES)
         items = protocol.frame_items(
             batch,
             max_items=WINDOW_CHUNKS - (self.position - self.acked_to),
-            max_bytes=min(FRAME_BYTES, WINDOW_BYTES - self.unacked_bytes) - envelope,
+            max_bytes=min(FRAME_BYTES, WINDOW_BYTES - self.unacked_bytes) - self.envelope,
         )
         text = protocol.chunks_frame(frame, self.stream_id, items)
         sent = batch[: len(items)]
