@@ -1,6 +1,7 @@
 """pgstreams: durable, resumable streams for Django, stored in Postgres.
 
-Writers append chunks with ``write()``; readers in any process get them in order, exactly once,
+Writers append chunks with ``write()`` (in their transaction) or ``append()`` (committed in
+batches across streams, outside it); readers in any process get them in order, exactly once,
 with ``read()`` or ``aread()``, and can resume from any offset. Importing this package starts
 nothing and touches no model: the API is loaded on first access, so the package can be imported
 while Django loads its apps; the flusher and listener threads start on first use.
@@ -15,6 +16,7 @@ from .exceptions import (
     ChunksPruned,
     ChunkTooLarge,
     InvalidChunk,
+    OutcomeUnknown,
     ReadTimeout,
     StreamClosed,
     StreamError,
@@ -22,11 +24,13 @@ from .exceptions import (
 )
 
 if TYPE_CHECKING:
+    from .appender import aappend, append, stream_writer
     from .reader import aread, read
     from .types import StreamChunk
     from .writer import aclose, acreate_stream, awrite, awrite_many, close, create_stream, write, write_many
 
 _LAZY = {
+    **dict.fromkeys(["append", "aappend", "stream_writer"], "appender"),
     "StreamChunk": "types",
     "read": "reader",
     "aread": "reader",
@@ -40,19 +44,23 @@ __all__ = [
     "ChunksPruned",
     "ChunkTooLarge",
     "InvalidChunk",
+    "OutcomeUnknown",
     "ReadTimeout",
     "StreamChunk",
     "StreamClosed",
     "StreamError",
     "StreamNotFound",
+    "aappend",
     "aclose",
     "acreate_stream",
+    "append",
     "aread",
     "awrite",
     "awrite_many",
     "close",
     "create_stream",
     "read",
+    "stream_writer",
     "write",
     "write_many",
 ]

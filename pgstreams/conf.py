@@ -259,6 +259,33 @@ async_threads: Setting[int] = Setting(
 )
 
 
+append_interval: Setting[float] = Setting(
+    "APPEND_INTERVAL",
+    0.005,
+    SECONDS,
+    "pgstreams.E018",
+    "seconds between two batches of the append path (`append`, `aappend`, `stream_writer`), at the least: a "
+    "batch goes when the previous one has committed or this long after it began, whichever is later",
+    float,
+)
+append_batch: Setting[int] = Setting(
+    "APPEND_BATCH",
+    1000,
+    Rule(lambda v: _whole(v) and v > 0, "a positive whole number of chunks"),
+    "pgstreams.E019",
+    "chunks committed at most in one batch of the append path",
+)
+window_bytes: Setting[int] = Setting(
+    "WINDOW_BYTES",
+    65536,
+    Rule(lambda v: _whole(v) and v >= 1024, "a whole number of bytes, 1024 or more"),
+    "pgstreams.E020",
+    "the memory a process's listener keeps at most for the latest chunks of one followed stream (their data "
+    "plus about 200 bytes of bookkeeping each, but always the last page fetched); a reader behind them fetches "
+    "its own pages",
+)
+
+
 def listen_database() -> str:
     """The alias of the listener's LISTEN connection: LISTEN_DATABASE, else DATABASE."""
     return listen_database_setting() or database()

@@ -23,6 +23,11 @@ class InvalidChunk(StreamError, ValueError):
     """A chunk holds text that Postgres cannot store (a NUL character)."""
 
 
+class OutcomeUnknown(StreamError):
+    """An append's commit got no answer, and the database could not be asked in time whether it
+    committed: the chunk may or may not be in the stream."""
+
+
 class ReadTimeout(StreamError, TimeoutError):
     """A reader waited longer than its ``timeout`` for the next chunk."""
 

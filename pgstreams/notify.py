@@ -37,14 +37,22 @@ def encode(mark: Mark) -> str:
     return entry + ":c" if mark.closed else entry
 
 
+def decode_entry(entry: str) -> Mark | None:
+    """Parse one entry of a payload; None (logged, never fatal) for one that is not ours."""
+    parts = entry.split(":")
+    try:
+        return Mark(uuid.UUID(hex=parts[0]), int(parts[1]), parts[2:] == ["c"])
+    except (ValueError, IndexError):
+        logger.debug("ignoring notification entry %r", entry)
+        return None
+
+
 def decode(payload: str) -> Iterator[Mark]:
-    """Parse a payload; entries that are not ours are skipped, never fatal."""
+    """Parse a payload's entries, skipping those that are not ours."""
     for entry in payload.split(","):
-        parts = entry.split(":")
-        try:
-            yield Mark(uuid.UUID(hex=parts[0]), int(parts[1]), parts[2:] == ["c"])
-        except (ValueError, IndexError):
-            logger.debug("ignoring notification entry %r", entry)
+        mark = decode_entry(entry)
+        if mark is not None:
+            yield mark
 
 
 def pack(marks: Iterable[Mark], limit: int = PAYLOAD_LIMIT) -> list[str]:
@@ -95,15 +103,16 @@ class Flusher:
         self._backoff = db.Backoff()
         self.stats = FlusherStats()
 
-    def add(self, mark: Mark) -> None:
+    def add(self, marks: Iterable[Mark]) -> None:
         with self._lock:
-            old = self._pending.get(mark.stream_id)
-            if old is not None:
-                mark = Mark(mark.stream_id, max(old.next_offset, mark.next_offset), old.closed or mark.closed)
-            elif len(self._pending) >= MAX_PENDING:
-                self.stats.dropped += 1
-                return
-            self._pending[mark.stream_id] = mark
+            for mark in marks:
+                old = self._pending.get(mark.stream_id)
+                if old is not None:
+                    mark = Mark(mark.stream_id, max(old.next_offset, mark.next_offset), old.closed or mark.closed)
+                elif len(self._pending) >= MAX_PENDING:
+                    self.stats.dropped += 1
+                    continue
+                self._pending[mark.stream_id] = mark
             if self._thread is None and self._autostart:
                 self._thread = threading.Thread(target=self._run, name="pgstreams-flusher", daemon=True)
                 self._thread.start()

@@ -1,5 +1,5 @@
 """The counts the listener and the flusher keep, named once: the fields of ``ListenerStats`` and
-``FlusherStats``. Metrics, the benchmark and the tests read these fields, so a misspelt name is
+``FlusherStats`` and ``AppenderStats``. Metrics, the benchmark and the tests read these fields, so a misspelt name is
 an ``AttributeError``, never a silent zero. Plain integers: incremented without a lock, as a
 ``Counter`` was, they are figures for operators, not for correctness."""
 
@@ -27,6 +27,8 @@ class _Stats:
 @dataclasses.dataclass(slots=True)
 class ListenerStats(_Stats):
     notifications: int = 0  # NOTIFY payloads heard
+    entries: int = 0  # stream entries in them, followed here or not
+    hear_seconds: float = 0.0  # time spent decoding them (hear_seconds / entries: the cost per entry)
     reconnects: int = 0  # of the LISTEN connection, after the first connect
     listen_errors: int = 0  # the LISTEN connection lost (or found silent)
     listen_checks: int = 0  # queries proving a silent LISTEN connection alive
@@ -47,3 +49,12 @@ class FlusherStats(_Stats):
     payloads: int = 0  # NOTIFY payloads sent
     failed_flushes: int = 0
     dropped: int = 0  # announcements dropped: a failed flush, a full buffer
+
+
+@dataclasses.dataclass(slots=True)
+class AppenderStats(_Stats):
+    batches: int = 0  # committed
+    appended: int = 0  # items in committed batches (written, or refused for their stream)
+    retries: int = 0  # batches sent again after they certainly did not commit
+    resolved: int = 0  # batches whose commit got no answer, found committed
+    splits: int = 0  # batches split because the database refused them whole

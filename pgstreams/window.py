@@ -2,9 +2,9 @@
 the window arithmetic, pure, with no database, lock or thread of its own (the listener holds the
 lock around every call).
 
-A tail keeps a bounded window of the chunks fetched last (consecutive offsets ``start`` to
-``end - 1``), the highest offset announced, and the stream's end once it is known. Readers take
-chunks from the window; a reader behind it asks for its own page.
+A tail keeps a window of the chunks fetched last (consecutive offsets ``start`` to ``end - 1``),
+within a memory budget (``WINDOW_BYTES``), the highest offset announced, and the stream's end
+once it is known. Readers take chunks from the window; a reader behind it asks for its own page.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Final
 from .exceptions import StreamError
 from .types import StreamChunk
 
-# A tail keeps at most this many chunks and characters of data (but always the last page).
-WINDOW_CHUNKS: Final = 2048
-WINDOW_CHARS: Final = 1 << 20
+# What a chunk in a window costs beyond its data: the StreamChunk, its offset, its timestamp and
+# the str's header (about 215 bytes measured with sys.getsizeof for a short ASCII chunk).
+CHUNK_OVERHEAD: Final = 200
 # Chunks handed to a reader at once.
 BATCH: Final = 256
 
@@ -51,7 +51,7 @@ class Tail:
     start: int | None = None
     end: int = 0
     window: list[StreamChunk] = field(default_factory=list)
-    window_chars: int = 0
+    window_bytes: int = 0  # what the window's chunks cost, by size()
     hint: int = 0  # highest next_offset announced or seen
     close_hinted: bool = False
     final: int | None = None  # next_offset once the stream is known to be closed
@@ -64,15 +64,16 @@ class Tail:
     def wants_fetch(self) -> bool:
         return self.hint > self.end or (self.close_hinted and self.final is None)
 
-    def merge(self, from_offset: int, page: Page) -> bool:
-        """Fold a page into the window; return whether readers have something new."""
+    def merge(self, from_offset: int, page: Page, budget: int) -> bool:
+        """Fold a page into the window, trimmed to ``budget`` bytes by size() (but never below
+        the page); return whether readers have something new."""
         moved = False
         self.hint = max(self.hint, page.next_offset)
         if page.pruned_to is not None:
             if self.start is not None and from_offset == self.end:
                 # The chunks after the window are gone: readers past it ask for their own pages
                 # (and learn what was pruned); the window starts again from the next page.
-                self.start, self.end, self.window, self.window_chars = None, 0, [], 0
+                self.start, self.end, self.window, self.window_bytes = None, 0, [], 0
                 moved = True
             return moved
         if page.closed and self.final is None:
@@ -82,26 +83,31 @@ class Tail:
         if self.start is None:
             if chunks:
                 self.start, self.end = from_offset, from_offset + len(chunks)
-                self._append(chunks)
+                self._append(chunks, budget)
                 moved = True
             elif from_offset >= page.next_offset:
                 self.start = self.end = page.next_offset
                 moved = True
         elif chunks and from_offset <= self.end < from_offset + len(chunks):
-            self._append(chunks[self.end - from_offset :])
+            self._append(chunks[self.end - from_offset :], budget)
             self.end = from_offset + len(chunks)
             moved = True
         return moved
 
-    def _append(self, chunks: list[StreamChunk]) -> None:
-        # Trim from the front to the size limits, but never below the page just added.
+    def _append(self, chunks: list[StreamChunk], budget: int) -> None:
+        # Trim from the front to the budget, but never below the page just added.
         self.window.extend(chunks)
-        self.window_chars += sum(len(c.data) for c in chunks)
+        self.window_bytes += sum(map(size, chunks))
         drop, droppable = 0, len(self.window) - len(chunks)
-        while drop < droppable and (len(self.window) - drop > WINDOW_CHUNKS or self.window_chars > WINDOW_CHARS):
-            self.window_chars -= len(self.window[drop].data)
+        while drop < droppable and self.window_bytes > budget:
+            self.window_bytes -= size(self.window[drop])
             drop += 1
         if drop:
             del self.window[:drop]
             assert self.start is not None
             self.start += drop
+
+
+def size(chunk: StreamChunk) -> int:
+    """About what ``chunk`` costs in a window, in bytes."""
+    return len(chunk.data) + CHUNK_OVERHEAD

@@ -90,7 +90,7 @@ def _statement(kind: str, per_write: bool, with_level: bool) -> str:
     )
 
 
-def _check_chunk(data: Any, limit: int) -> None:
+def check_chunk(data: Any, limit: int) -> None:
     if not isinstance(data, str):
         raise TypeError(f"chunk data must be str, not {type(data).__name__}; decode bytes before writing")
     try:
@@ -171,16 +171,17 @@ def _cursor(alias: str) -> Any:
 
 
 def _after_commit(alias: str, mode: str, mark: Mark, written: int) -> None:
-    transaction.on_commit(partial(_committed, mode, mark, written), using=alias)
+    transaction.on_commit(partial(committed, mode, [mark], written), using=alias)
 
 
-def _committed(mode: str, mark: Mark, written: int) -> None:
-    """After commit: count the chunks, then announce them as NOTIFY_MODE says."""
+def committed(mode: str, marks: list[Mark], written: int) -> None:
+    """After commit: count the chunks, then announce the streams' marks as NOTIFY_MODE says
+    (the per_write notifications were part of the transaction)."""
     metrics.chunks_written.inc(written)
     if mode == "buffered":
-        notify.flusher().add(mark)
+        notify.flusher().add(marks)
     if mode != "off":
-        listener.announce_local(mark)
+        listener.announce_local(marks)
 
 
 def create_stream(
@@ -222,7 +223,7 @@ def write(stream_id: Any, data: str, *, using: str | None = None, synchronous_co
         ValueError for an unknown synchronous_commit.
     """
     sid = stream_uuid(stream_id)
-    _check_chunk(data, conf.max_chunk_bytes())
+    check_chunk(data, conf.max_chunk_bytes())
     level = _level(synchronous_commit)
     alias = using or conf.database()
     mode = conf.notify_mode()
@@ -245,7 +246,7 @@ def write_many(
     items = list(items)
     limit = conf.max_chunk_bytes()
     for data in items:
-        _check_chunk(data, limit)
+        check_chunk(data, limit)
     level = _level(synchronous_commit)
     if not items:
         return []

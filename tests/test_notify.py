@@ -37,8 +37,8 @@ def test_buffer_keeps_one_entry_per_stream_highest_offset_wins(listen: psycopg.C
     flusher = notify.Flusher(autostart=False)
     sid = uuid.uuid4()
     for n in (3, 9, 5):
-        flusher.add(Mark(sid, n, False))
-    flusher.add(Mark(sid, 4, True))
+        flusher.add([Mark(sid, n, False)])
+    flusher.add([Mark(sid, 4, True)])
     assert flusher.depth() == 1
     flusher.flush()
     notes = received(listen, 1)
@@ -49,7 +49,7 @@ def test_more_than_8000_bytes_go_out_in_one_flush(listen: psycopg.Connection) ->
     flusher = notify.Flusher(autostart=False)
     marks = [Mark(uuid.uuid4(), i, False) for i in range(600)]  # about 24 KB of entries
     for mark in marks:
-        flusher.add(mark)
+        flusher.add([mark])
     flusher.flush()
     notes = received(listen, len(marks))
     assert len(notes) >= 3
@@ -61,17 +61,17 @@ def test_more_than_8000_bytes_go_out_in_one_flush(listen: psycopg.Connection) ->
 
 def test_failed_flush_is_counted_dropped_and_followed_by_a_reconnect(listen: psycopg.Connection) -> None:
     flusher = notify.Flusher(autostart=False)
-    flusher.add(Mark(uuid.uuid4(), 1, False))
+    flusher.add([Mark(uuid.uuid4(), 1, False)])
     flusher.flush()
     assert received(listen, 1)
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_terminate_backend(%s)", [flusher._conn.info.backend_pid])
     lost = Mark(uuid.uuid4(), 2, False)
-    flusher.add(lost)
+    flusher.add([lost])
     flusher.flush()
     assert flusher.stats.failed_flushes == 1 and flusher.stats.dropped == 1
     after = Mark(uuid.uuid4(), 3, False)
-    flusher.add(after)
+    flusher.add([after])
     flusher.flush()
     notes = received(listen, 1)
     assert [m for n in notes for m in notify.decode(n.payload)] == [after]

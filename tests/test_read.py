@@ -13,7 +13,7 @@ from django.db import connection
 from django.test import override_settings
 
 import pgstreams
-from pgstreams import fetch, listener, window
+from pgstreams import conf, fetch, listener, window
 from pgstreams.models import Stream
 from pgstreams.types import Mark
 from tests.helpers import delete_chunks
@@ -56,7 +56,7 @@ def test_resume_from_any_offset() -> None:
 
 def test_a_long_stream_is_read_in_pages_past_the_window() -> None:
     s = pgstreams.create_stream()
-    n = window.WINDOW_CHUNKS + 3 * fetch.PAGE_SIZE + 7
+    n = conf.window_bytes() // window.CHUNK_OVERHEAD + 3 * fetch.PAGE_SIZE + 7
     for start in range(0, n, 1000):
         pgstreams.write_many(s.id, [str(i) for i in range(start, min(n, start + 1000))])
     pgstreams.close(s.id)

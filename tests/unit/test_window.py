@@ -12,6 +12,7 @@ from pgstreams.types import StreamChunk
 from pgstreams.window import Page, Tail
 
 SID = uuid.uuid4()
+BUDGET = 65536  # WINDOW_BYTES' default
 AT = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 
 
@@ -34,53 +35,55 @@ def offsets(tail: Tail) -> list[int]:
 
 def test_a_first_page_starts_the_window_where_it_was_asked_for() -> None:
     tail = Tail(SID)
-    assert tail.merge(5, page(5, 9))
+    assert tail.merge(5, page(5, 9), BUDGET)
     assert (tail.start, tail.end, offsets(tail)) == (5, 9, [5, 6, 7, 8])
 
 
 def test_an_empty_first_page_at_the_end_starts_an_empty_window_there() -> None:
     tail = Tail(SID)
-    assert tail.merge(3, Page(exists=True, next_offset=3))
+    assert tail.merge(3, Page(exists=True, next_offset=3), BUDGET)
     assert (tail.start, tail.end, tail.window) == (3, 3, [])
 
 
 def test_a_page_from_the_windows_end_extends_it_and_overlaps_are_not_repeated() -> None:
     tail = Tail(SID)
-    tail.merge(0, page(0, 4))
-    assert tail.merge(2, page(2, 7))  # overlaps 2..3
+    tail.merge(0, page(0, 4), BUDGET)
+    assert tail.merge(2, page(2, 7), BUDGET)  # overlaps 2..3
     assert offsets(tail) == list(range(7)) and tail.end == 7
 
 
 def test_a_page_that_does_not_reach_the_windows_end_changes_nothing() -> None:
     tail = Tail(SID)
-    tail.merge(10, page(10, 12))
-    assert not tail.merge(0, page(0, 5))  # behind: a reader's own page, not the tail's
-    assert not tail.merge(20, page(20, 22))  # past the end: would leave a hole
+    tail.merge(10, page(10, 12), BUDGET)
+    assert not tail.merge(0, page(0, 5), BUDGET)  # behind: a reader's own page, not the tail's
+    assert not tail.merge(20, page(20, 22), BUDGET)  # past the end: would leave a hole
     assert offsets(tail) == [10, 11]
 
 
-def test_the_window_is_trimmed_to_its_limits_from_the_front_but_keeps_the_last_page() -> None:
+def test_the_window_is_trimmed_to_its_byte_budget_from_the_front_but_keeps_the_last_page() -> None:
+    per_chunk = window.CHUNK_OVERHEAD + 1
+    fits = 10 * per_chunk
     tail = Tail(SID)
-    tail.merge(0, page(0, window.WINDOW_CHUNKS))
-    tail.merge(window.WINDOW_CHUNKS, page(window.WINDOW_CHUNKS, window.WINDOW_CHUNKS + 10))
-    assert len(tail.window) == window.WINDOW_CHUNKS and tail.start == 10
-    big = Tail(SID)  # one page larger than the character limit stays whole
-    big.merge(0, page(0, 3, size=window.WINDOW_CHARS))
+    tail.merge(0, page(0, 8), fits)
+    tail.merge(8, page(8, 13), fits)
+    assert offsets(tail) == list(range(3, 13)) and tail.window_bytes == fits
+    big = Tail(SID)  # one page over the budget stays whole
+    big.merge(0, page(0, 3, size=fits), fits)
     assert offsets(big) == [0, 1, 2]
-    big.merge(3, page(3, 4, size=1))
-    assert offsets(big) == [3] and big.window_chars == 1
+    big.merge(3, page(3, 4, size=1), fits)
+    assert offsets(big) == [3] and big.window_bytes == per_chunk
 
 
 def test_a_closed_page_fixes_the_end_once() -> None:
     tail = Tail(SID)
-    assert tail.merge(0, page(0, 2, closed=True))
+    assert tail.merge(0, page(0, 2, closed=True), BUDGET)
     assert tail.final == 2
-    assert not tail.merge(2, Page(exists=True, next_offset=2, closed=True))
+    assert not tail.merge(2, Page(exists=True, next_offset=2, closed=True), BUDGET)
 
 
 def test_announcements_past_the_window_want_a_fetch() -> None:
     tail = Tail(SID)
-    tail.merge(0, page(0, 2))
+    tail.merge(0, page(0, 2), BUDGET)
     assert not tail.wants_fetch()
     tail.hint = 5
     assert tail.wants_fetch()
@@ -90,12 +93,12 @@ def test_announcements_past_the_window_want_a_fetch() -> None:
 
 def test_chunks_pruned_after_the_window_reset_it() -> None:
     tail = Tail(SID)
-    tail.merge(0, page(0, 3))
-    assert tail.merge(3, Page(exists=True, next_offset=9, pruned_to=6))
+    tail.merge(0, page(0, 3), BUDGET)
+    assert tail.merge(3, Page(exists=True, next_offset=9, pruned_to=6), BUDGET)
     assert (tail.start, tail.end, tail.window) == (None, 0, [])
     other = Tail(SID)
-    other.merge(0, page(0, 3))
-    assert not other.merge(1, Page(exists=True, next_offset=9, pruned_to=6))  # a reader's page, not the tail's
+    other.merge(0, page(0, 3), BUDGET)
+    assert not other.merge(1, Page(exists=True, next_offset=9, pruned_to=6), BUDGET)  # a reader's page, not the tail's
     assert offsets(other) == [0, 1, 2]
 
 

@@ -1,0 +1,479 @@
+"""The append path: ``append``, ``aappend`` and ``stream_writer``, committed in batches across
+streams by one appender thread per process and database alias.
+
+An append is not part of the caller's transaction. It waits in the appender's queue with the
+appends of every thread and event loop of the process; the appender commits them together on a
+connection of its own, one transaction per batch, and each call returns once its batch has
+committed. One statement takes the counters of all the batch's streams (locked in id order, so
+appenders of different processes never deadlock each other) and inserts every chunk, in call
+order per stream. The same statement reads the transaction's id, so when the connection fails
+while the commit is on its way the appender asks the database (``pg_xact_status``) whether the
+batch committed instead of guessing: a batch is never applied twice, and a caller gets an error
+only when its chunk was not committed (or, after the retry budget, when nobody can tell).
+
+A closed or unknown stream fails only its own appends; a batch the database refuses for a
+reason no item names is split until the refused item stands alone. This module never reads
+chunks; notifications go out as NOTIFY_MODE says, once per batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import logging
+import threading
+import time
+import uuid
+from types import TracebackType
+from typing import Any, Final
+
+import psycopg
+import psycopg.errors
+
+from . import conf, db, notify, writer
+from .exceptions import OutcomeUnknown, StreamClosed, StreamError, StreamNotFound
+from .process import PerProcess
+from .stats import AppenderStats
+from .types import Mark, stream_uuid
+
+logger = logging.getLogger("pgstreams.appender")
+
+# One statement per batch. ``locked`` takes the row lock of every open stream of the batch in id
+# order and reads its counter as the lock left it; each stream's chunks get the offsets that
+# follow it, in the order the batch lists them. Streams missing from the result are closed or
+# unknown. The commit waits at SYNCHRONOUS_COMMIT (or the server's level), set for this
+# transaction only.
+APPEND_SQL = """
+WITH items AS (
+    SELECT t.stream_id, t.data, t.i
+    FROM unnest(%(ids)s::uuid[], %(data)s::text[]) WITH ORDINALITY AS t(stream_id, data, i)
+),
+counts AS (
+    SELECT stream_id, count(*) AS n FROM items GROUP BY stream_id
+),
+locked AS (
+    SELECT s.id, s.next_offset AS base, c.n
+    FROM pgstreams_stream AS s JOIN counts AS c ON c.stream_id = s.id
+    WHERE s.closed_at IS NULL
+    ORDER BY s.id
+    FOR NO KEY UPDATE OF s
+),
+moved AS (
+    UPDATE pgstreams_stream AS s SET next_offset = l.base + l.n FROM locked AS l WHERE s.id = l.id
+),
+written AS (
+    INSERT INTO pgstreams_chunk (stream_id, "offset", data, created_at)
+    SELECT i.stream_id, l.base + row_number() OVER (PARTITION BY i.stream_id ORDER BY i.i) - 1, i.data, now()
+    FROM items AS i JOIN locked AS l ON l.id = i.stream_id
+)
+SELECT l.id, l.base, pg_current_xact_id()::text, pg_backend_pid(),
+       set_config('synchronous_commit', coalesce(%(level)s, current_setting('synchronous_commit')), true)
+FROM locked AS l
+"""
+
+# NOTIFY_MODE "per_write": the batch's notifications go out in its own transaction.
+NOTIFY_SQL = "SELECT pg_notify(%s, payload) FROM unnest(%s::text[]) AS payload"
+STATE_SQL = "SELECT id, closed_at FROM pgstreams_stream WHERE id = ANY(%s)"
+STATUS_SQL = "SELECT pg_xact_status(%s::xid8)"
+# Waits (up to the given milliseconds) for the backend to exit, so its transaction has ended.
+TERMINATE_SQL = "SELECT pg_terminate_backend(%s, %s)"
+
+# Chunks a stream writer may have sent and not yet seen committed before send() waits.
+WRITER_IN_FLIGHT: Final = 1000
+
+Result = int | BaseException
+
+
+class _Item:
+    """One append: where it goes, and the future its caller waits on (in ``loop``, or None: a
+    thread's)."""
+
+    __slots__ = ("stream_id", "data", "future", "loop")
+
+    def __init__(
+        self,
+        stream_id: uuid.UUID,
+        data: str,
+        future: asyncio.Future[int] | concurrent.futures.Future[int],
+        loop: asyncio.AbstractEventLoop | None,
+    ) -> None:
+        self.stream_id, self.data, self.future, self.loop = stream_id, data, future, loop
+
+
+class _NotCommitted(Exception):
+    """The batch's transaction certainly did not commit; it can be sent again."""
+
+
+class Appender:
+    """The append queue of one database alias in this process, and the named daemon thread that
+    commits it in batches. ``submit()`` never blocks on the database."""
+
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+        self._queue: collections.deque[_Item] = collections.deque()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._start_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._conn: psycopg.Connection[Any] | None = None
+        self.stats = AppenderStats()
+
+    def submit(self, item: _Item) -> None:
+        self._queue.append(item)
+        if self._thread is None:
+            with self._start_lock:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="pgstreams-appender", daemon=True)
+                    self._thread.start()
+        if not self._wake.is_set():  # set() takes a lock: skip it while a batch is already due
+            self._wake.set()
+
+    def depth(self) -> int:
+        return len(self._queue)
+
+    def _run(self) -> None:
+        last = 0.0
+        while True:
+            if not self._queue:
+                if self._stop.is_set():
+                    break
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            # The batch goes when the previous one has committed (we are here) or APPEND_INTERVAL
+            # after it began, whichever is later: with many callers, commits stay few.
+            wait = last + conf.append_interval() - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            last = time.monotonic()
+            size = min(len(self._queue), conf.append_batch())
+            batch = [self._queue.popleft() for _ in range(size)]
+            try:
+                self._commit(batch)
+            except Exception as exc:  # a bug must not leave callers waiting, nor kill the thread
+                logger.exception("pgstreams: the appender failed on a batch of %d", len(batch))
+                _settle(batch, [StreamError(f"append failed: {exc}") for _ in batch])
+        self._close()
+
+    def _commit(self, batch: list[_Item]) -> None:
+        """Commit ``batch`` and settle every item: its offset, or why it was not written."""
+        deadline = time.monotonic() + conf.connect_timeout() + conf.query_timeout()
+        backoff = db.Backoff()
+        while True:
+            try:
+                results = self._transaction(batch)
+                break
+            except _NotCommitted as exc:
+                cause = exc.__cause__ or exc
+                self.stats.retries += 1
+                if time.monotonic() >= deadline:
+                    _settle(batch, [_error(StreamError, f"append not committed: {cause}", cause) for _ in batch])
+                    return
+                logger.warning("pgstreams: an append batch did not commit, sending it again: %s", cause)
+                time.sleep(backoff.next())
+            except psycopg.DatabaseError as exc:  # refused by the database, connection intact
+                if len(batch) == 1:
+                    results = [_error(StreamError, f"append refused by the database: {exc}", exc)]
+                    break
+                self.stats.splits += 1
+                half = len(batch) // 2
+                self._commit(batch[:half])
+                self._commit(batch[half:])
+                return
+        _settle(batch, results)
+
+    def _transaction(self, batch: list[_Item]) -> list[Result]:
+        """One try at committing ``batch``; its results, item by item. Raises _NotCommitted when
+        the batch certainly did not commit and may be sent again, OutcomeUnknown (in the
+        results) when nobody can tell, and a DatabaseError the database refused it with."""
+        conn = self._connection()
+        ids = [item.stream_id for item in batch]
+        try:
+            with db.watched(conn, "appending a batch"):
+                conn.execute("BEGIN")
+                rows = conn.execute(
+                    APPEND_SQL, {"ids": ids, "data": [item.data for item in batch], "level": conf.synchronous_commit()}
+                ).fetchall()
+                bases = {row[0]: row[1] for row in rows}
+                missing = set(ids) - bases.keys()
+                states = dict(conn.execute(STATE_SQL, [list(missing)]).fetchall()) if missing else {}
+                marks = _marks(batch, bases)
+                if marks and conf.notify_mode() == "per_write":
+                    conn.execute(NOTIFY_SQL, (conf.channel(), notify.pack(marks)))
+        except psycopg.Error as exc:
+            self._after_failure(conn, exc)
+            if conn.broken or _retryable(exc):
+                raise _NotCommitted() from exc
+            raise
+        results = _results(batch, bases, states, self.alias)
+        try:
+            with db.watched(conn, "committing an append batch"):
+                conn.execute("COMMIT")
+        except psycopg.Error as exc:
+            self._after_failure(conn, exc)
+            if not rows:
+                raise _NotCommitted() from exc  # it wrote nothing: sending it again is harmless
+            xid, pid = rows[0][2], rows[0][3]
+            committed = self._resolve(xid, pid, exc)
+            if committed is None:
+                unknown = f"the connection failed while committing an append batch (transaction {xid}): {exc}"
+                return [_error(OutcomeUnknown, unknown, exc) for _ in batch]
+            if not committed:
+                raise _NotCommitted() from exc
+            self.stats.resolved += 1
+        self.stats.batches += 1
+        self.stats.appended += len(batch)
+        writer.committed(conf.notify_mode(), marks, sum(isinstance(r, int) for r in results))
+        return results
+
+    def _resolve(self, xid: str, pid: int, failure: Exception) -> bool | None:
+        """Whether transaction ``xid``, whose commit got no answer, committed: True, False, or
+        None if no connection could tell within the retry budget. A transaction still in
+        progress (its backend has not noticed the lost client) is ended by ending its backend."""
+        deadline = time.monotonic() + conf.connect_timeout() + conf.query_timeout()
+        backoff = db.Backoff()
+        while True:
+            try:
+                conn = self._connection()
+                with db.watched(conn, "asking whether an append batch committed"):
+                    status = conn.execute(STATUS_SQL, [xid]).fetchone()[0]  # type: ignore[index]
+                    if status == "in progress":
+                        conn.execute(TERMINATE_SQL, [pid, int(conf.query_timeout() * 1000 / 2)])
+                        status = conn.execute(STATUS_SQL, [xid]).fetchone()[0]  # type: ignore[index]
+                if status in ("committed", "aborted"):
+                    logger.warning("pgstreams: an append batch's commit got no answer (%s); it %s", failure, status)
+                    return status == "committed"
+            except psycopg.Error as exc:
+                self._after_failure(self._conn, exc)
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(backoff.next())
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = db.connect(self.alias, "appender")
+        return self._conn
+
+    def _after_failure(self, conn: psycopg.Connection[Any] | None, exc: Exception) -> None:
+        """Drop a connection that failed; roll back one that is still usable."""
+        if conn is None:
+            return
+        if conn.broken or conn.closed:
+            self._close()
+            return
+        try:
+            conn.execute("ROLLBACK")
+        except psycopg.Error:
+            self._close()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Commit what is queued, then stop the thread. Appends still queued when it is gone
+        (it did not stop in time, or they came in late) fail with a StreamError."""
+        self._stop.set()
+        self._wake.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join(conf.connect_timeout() + 2 * conf.query_timeout() + 1 if timeout is None else timeout)
+            if thread.is_alive():
+                logger.warning("pgstreams: appender thread did not stop in time")
+                return
+        left = [self._queue.popleft() for _ in range(len(self._queue))]
+        _settle(left, [StreamError("the pgstreams appender of this process was stopped; append again") for _ in left])
+        self._close()
+
+    def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # closing a broken connection may fail; nothing to do
+                pass
+
+
+def _retryable(exc: psycopg.Error) -> bool:
+    """A failure that says nothing about the batch itself: sending it again may succeed."""
+    return isinstance(exc, (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure))
+
+
+def _error(kind: type[Exception], message: str, cause: BaseException) -> Exception:
+    error = kind(message)
+    error.__cause__ = cause
+    return error
+
+
+def _marks(batch: list[_Item], bases: dict[uuid.UUID, int]) -> list[Mark]:
+    counts = collections.Counter(item.stream_id for item in batch if item.stream_id in bases)
+    return [Mark(stream_id, bases[stream_id] + n, False) for stream_id, n in counts.items()]
+
+
+def _results(batch: list[_Item], bases: dict[uuid.UUID, int], states: dict[uuid.UUID, Any], alias: str) -> list[Result]:
+    """Each item's offset (its stream's base plus the items of that stream before it), or the
+    error of a stream the batch could not write."""
+    taken: dict[uuid.UUID, int] = {}
+    results: list[Result] = []
+    for item in batch:
+        sid = item.stream_id
+        if sid in bases:
+            n = taken.get(sid, 0)
+            taken[sid] = n + 1
+            results.append(bases[sid] + n)
+        elif sid in states:
+            closed_at = states[sid]
+            at = f" at {closed_at.isoformat()}" if closed_at else ""
+            results.append(StreamClosed(f"stream {sid} was closed{at}; create a new stream to write more"))
+        else:
+            results.append(StreamNotFound(f"no stream {sid} in database {alias!r}"))
+    return results
+
+
+def _settle(batch: list[_Item], results: list[Result]) -> None:
+    """Hand each caller its result: thread futures at once, each event loop's in one callback."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Any, Result]]] = {}
+    for item, result in zip(batch, results, strict=True):
+        if item.loop is None:
+            _set(item.future, result)
+        else:
+            by_loop.setdefault(item.loop, []).append((item.future, result))
+    for loop, pairs in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_set_all, pairs)
+        except RuntimeError:  # the loop was closed: nobody waits there any more
+            pass
+
+
+def _set_all(pairs: list[tuple[Any, Result]]) -> None:
+    for future, result in pairs:
+        _set(future, result)
+
+
+def _set(future: Any, result: Result) -> None:
+    if future.done():  # an async caller that was cancelled
+        return
+    if isinstance(result, BaseException):
+        future.set_exception(result)
+    else:
+        future.set_result(result)
+
+
+def _stop_all(appenders: dict[str, Appender]) -> None:
+    for appender in list(appenders.values()):
+        appender.stop()
+
+
+_appenders: PerProcess[dict[str, Appender]] = PerProcess(dict, _stop_all)
+stop_appenders = _appenders.stop  # commit what is queued and stop; the next append starts anew
+
+
+def appender(alias: str) -> Appender:
+    """This process's appender for ``alias``, made on first use."""
+    appenders = _appenders.get()
+    found = appenders.get(alias)
+    return found if found is not None else appenders.setdefault(alias, Appender(alias))
+
+
+def _prepare(stream_id: Any, data: str, using: str | None) -> tuple[uuid.UUID, Appender]:
+    sid = stream_uuid(stream_id)
+    writer.check_chunk(data, conf.max_chunk_bytes())
+    return sid, appender(using or conf.database())
+
+
+def append(stream_id: Any, data: str, *, using: str | None = None) -> int:
+    """Append ``data`` to a stream and return its offset once it is committed.
+
+    Not part of the caller's transaction: the chunk is committed (at ``SYNCHRONOUS_COMMIT``)
+    together with the other appends of this process, whatever transaction the caller is in,
+    and stays committed if that transaction rolls back. Use ``write()`` for a chunk that must
+    commit or roll back with other changes.
+
+    Raises:
+        StreamNotFound, StreamClosed, ChunkTooLarge, InvalidChunk (affecting only this call, never
+        the other appends of its batch); TypeError for non-str data; OutcomeUnknown if the
+        connection failed during the commit and the database could not be asked in time.
+    """
+    sid, target = _prepare(stream_id, data, using)
+    future: concurrent.futures.Future[int] = concurrent.futures.Future()
+    target.submit(_Item(sid, data, future, None))
+    return future.result()
+
+
+async def aappend(stream_id: Any, data: str, *, using: str | None = None) -> int:
+    """``append()`` for async code: waits for the commit without holding the event loop or a
+    thread. A cancelled call may still be committed."""
+    sid, target = _prepare(stream_id, data, using)
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[int] = loop.create_future()
+    target.submit(_Item(sid, data, future, loop))
+    return await future
+
+
+class StreamWriter:
+    """Appends to one stream without waiting for each commit: ``send()`` queues a chunk and
+    returns, ``flush()`` waits for everything sent and raises the first error. Chunks commit in
+    the order they were sent. Make one with ``stream_writer()``."""
+
+    def __init__(self, stream_id: Any, *, close: bool = False, using: str | None = None) -> None:
+        self.stream_id = stream_uuid(stream_id)
+        self._close = close
+        self._alias = using or conf.database()
+        self._pending: collections.deque[asyncio.Future[int]] = collections.deque()
+        self._error: BaseException | None = None
+        self.sent = 0
+
+    async def send(self, data: str) -> None:
+        """Queue ``data``; return at once, unless WRITER_IN_FLIGHT chunks wait for their commit
+        (then wait for the oldest). Raises the first error of an earlier chunk, if one is known,
+        so a loop stops writing to a stream that was closed under it."""
+        self._collect()
+        if self._error is not None:
+            raise self._error
+        writer.check_chunk(data, conf.max_chunk_bytes())
+        if len(self._pending) >= WRITER_IN_FLIGHT:
+            await asyncio.wait([self._pending[0]])
+            self._collect()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[int] = loop.create_future()
+        appender(self._alias).submit(_Item(self.stream_id, data, future, loop))
+        self._pending.append(future)
+        self.sent += 1
+
+    async def flush(self) -> None:
+        """Wait until everything sent is committed; raise the first error if any chunk failed."""
+        if self._pending:
+            await asyncio.wait(list(self._pending))
+        self._collect()
+        if self._error is not None:
+            raise self._error
+
+    def _collect(self) -> None:
+        while self._pending and self._pending[0].done():
+            error = self._pending.popleft().exception()
+            if error is not None and self._error is None:
+                self._error = error
+
+    async def __aenter__(self) -> StreamWriter:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            await self.flush()
+        finally:
+            if self._close:
+                try:
+                    await writer.aclose(self.stream_id, using=self._alias)
+                except StreamClosed:
+                    if exc is None and self._error is None:
+                        raise
+
+
+def stream_writer(stream_id: Any, *, close: bool = False, using: str | None = None) -> StreamWriter:
+    """A writer for a token loop: ``async with stream_writer(sid, close=True) as w: await w.send(t)``.
+
+    ``send()`` queues without waiting for the commit (through the append path, so not part of
+    any transaction); leaving the block waits for every chunk sent and raises the first error.
+    With ``close=True`` the stream is closed on the way out, also when the block raises, so its
+    readers are not left waiting.
+    """
+    return StreamWriter(stream_id, close=close, using=using)
