@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import queue
+import random
 import shutil
 import subprocess
 import threading
@@ -374,3 +375,76 @@ async def _lying_client(host: str, server: str) -> None:
     name = "daphne" if server == "demo_server" else "uvicorn"
     print(f"lying client: {name} grew {growth_mib:.1f} MiB while 50 MB were written to its stream")
     assert growth_mib < 25
+
+
+def test_the_appenders_backend_killed_under_load_loses_and_doubles_nothing() -> None:
+    """Appends from 50 tasks (40 aappend loops, 10 stream writers) while another connection
+    terminates the appender's backend at random moments: each stream holds exactly what its
+    writer was told was committed, in order, once."""
+    from pgstreams import appender
+
+    appender.stop_appenders()
+    streams = [pgstreams.create_stream().id for _ in range(50)]
+    per_stream = 200
+    told: dict[int, list[str]] = {k: [] for k in range(50)}  # what callers were told committed
+    errors: list[BaseException] = []
+    done = threading.Event()
+    kills = 0
+
+    async def appends(k: int) -> None:
+        for i in range(per_stream):
+            try:
+                await pgstreams.aappend(streams[k], f"{k}-{i}")
+                told[k].append(f"{k}-{i}")
+            except pgstreams.StreamError as exc:
+                errors.append(exc)
+
+    async def writes(k: int) -> None:
+        try:
+            async with pgstreams.stream_writer(streams[k]) as w:
+                for i in range(per_stream):
+                    await w.send(f"{k}-{i}")
+                    await asyncio.sleep(0.001)
+            told[k].extend(f"{k}-{i}" for i in range(per_stream))
+        except pgstreams.StreamError as exc:
+            errors.append(exc)
+
+    async def load() -> None:
+        await asyncio.gather(*(appends(k) for k in range(40)), *(writes(k) for k in range(40, 50)))
+
+    def killer() -> None:  # bounded: at most 400 kills, at most 120 s
+        nonlocal kills
+        rng = random.Random(13)
+        deadline = time.monotonic() + 120
+        with connections["default"].cursor() as cursor:
+            while not done.is_set() and kills < 400 and time.monotonic() < deadline:
+                time.sleep(rng.uniform(0.005, 0.05))
+                cursor.execute(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND application_name LIKE 'pgstreams appender %%'"
+                )
+                kills += cursor.fetchone()[0]
+        connections["default"].close()
+
+    before = appender.appender("default").stats.snapshot()
+    thread = threading.Thread(target=killer)
+    started = time.monotonic()
+    thread.start()
+    try:
+        asyncio.run(load())
+    finally:
+        done.set()
+        thread.join(10)
+    took = time.monotonic() - started
+    stats = appender.appender("default").stats - before
+    print(
+        f"{50 * per_stream} appends in {took:.1f} s with {kills} backend kills: {stats.batches} batches committed, "
+        f"{stats.retries} sent again after they did not commit, {stats.resolved} found committed after a commit "
+        f"without answer; {len(errors)} errors"
+    )
+    assert kills >= 20
+    assert errors == []
+    for k, sid in enumerate(streams):
+        assert committed(sid) == list(enumerate(told[k]))
+        assert len(told[k]) == per_stream
+    appender.stop_appenders()

@@ -200,3 +200,33 @@ def test_a_pair_left_by_a_killed_process_is_stopped_and_removed_by_the_next() ->
         assert not root.exists()
     with contextlib.suppress(psutil.NoSuchProcess):  # gone, or exited and not yet reaped
         assert psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.faults
+def test_an_append_whose_commit_got_no_answer_is_found_committed_and_reported_once(replica) -> None:
+    """The commit waits for a stopped synchronous standby until QUERY_TIMEOUT cuts the
+    appender's connection. The appender asks the primary, ends the backend that still waits
+    (its transaction had committed locally), and reports the offset: one chunk, once."""
+    from pgstreams import appender
+
+    pair, primary, _ = replica
+    appender.stop_appenders()
+    with override_settings(PGSTREAMS={"DATABASE": primary, "QUERY_TIMEOUT": 1.0, "POLL_INTERVAL": 60}):
+        s = pgstreams.create_stream()
+        before = appender.appender(primary).stats.snapshot()
+        result: list[object] = []
+        with pair.standby_stopped():
+            started = time.monotonic()
+            result.append(pgstreams.append(s.id, "once"))
+            took = time.monotonic() - started
+        stats = appender.appender(primary).stats - before
+        appender.stop_appenders()
+        stored = list(
+            connections[primary]
+            .cursor()
+            .execute('SELECT "offset", data FROM pgstreams_chunk WHERE stream_id = %s', [s.id])
+            .fetchall()
+        )
+    print(f"an append whose commit got no answer was reported committed after {took:.1f} s: {stats}")
+    assert result == [0] and stored == [(0, "once")]
+    assert (stats.resolved, stats.retries, stats.batches) == (1, 0, 1)

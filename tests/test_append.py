@@ -1,0 +1,243 @@
+"""The append path against a real Postgres: group commit across streams, outside the caller's
+transaction, with per-item errors, the stream writer, notifications once per batch, and how a
+commit that got no answer is resolved."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+
+import psycopg
+import pytest
+from django.db import connection, transaction
+from django.test import override_settings
+
+import pgstreams
+from pgstreams import appender, conf, db, listener, notify
+from pgstreams.models import Chunk, Stream
+from tests.helpers import Rollback
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_appenders():
+    """Every test starts with no appender, so one made here sees the test's settings."""
+    appender.stop_appenders()
+    yield
+    appender.stop_appenders()
+
+
+def stored(stream: Stream | uuid.UUID) -> list[tuple[int, str]]:
+    return list(
+        Chunk.objects.filter(stream_id=getattr(stream, "id", stream)).order_by("offset").values_list("offset", "data")
+    )
+
+
+def stats() -> appender.AppenderStats:
+    return appender.appender(conf.database()).stats
+
+
+def test_append_returns_the_committed_offset_in_call_order() -> None:
+    s = pgstreams.create_stream()
+    assert [pgstreams.append(s.id, f"t{i}") for i in range(5)] == [0, 1, 2, 3, 4]
+    assert stored(s) == [(i, f"t{i}") for i in range(5)]
+    s.refresh_from_db()
+    assert s.next_offset == 5
+
+
+def test_an_append_is_not_part_of_the_callers_transaction() -> None:
+    s = pgstreams.create_stream()
+    with pytest.raises(Rollback), transaction.atomic():
+        pgstreams.write(s.id, "rolled back")
+        # The appender's own connection waits for the row lock that write() holds; so this
+        # append runs in another thread, and commits once the transaction has rolled back.
+        result: list[int] = []
+        thread = threading.Thread(target=lambda: result.append(pgstreams.append(s.id, "kept")))
+        thread.start()
+        thread.join(0.5)
+        assert thread.is_alive()  # not in this transaction: it waits for it
+        raise Rollback
+    thread.join(10)
+    assert result == [0] and stored(s) == [(0, "kept")]
+
+
+def test_appends_from_threads_and_event_loops_commit_together_in_few_batches() -> None:
+    streams = [pgstreams.create_stream().id for _ in range(20)]
+    threads_done: dict[int, list[int]] = {}
+
+    def thread_writes(t: int) -> None:  # thread t alone writes stream t, 25 chunks
+        threads_done[t] = [pgstreams.append(streams[t], f"t{t}-{i}") for i in range(25)]
+
+    async def loop_writes() -> list[int]:  # one event loop writes streams 10..19, 25 chunks each
+        async def one(k: int) -> list[int]:
+            return [await pgstreams.aappend(streams[k], f"t{k}-{i}") for i in range(25)]
+
+        return [o for offsets in await asyncio.gather(*(one(k) for k in range(10, 20))) for o in offsets]
+
+    before = stats().snapshot()
+    with override_settings(PGSTREAMS={"APPEND_INTERVAL": 0.02}):
+        threads = [threading.Thread(target=thread_writes, args=(t,)) for t in range(10)]
+        for thread in threads:
+            thread.start()
+        async_offsets = asyncio.run(loop_writes())
+        for thread in threads:
+            thread.join(30)
+    for k, sid in enumerate(streams):
+        assert stored(sid) == [(i, f"t{k}-{i}") for i in range(25)]
+    assert all(offsets == list(range(25)) for offsets in threads_done.values()) and len(threads_done) == 10
+    assert sorted(async_offsets) == sorted(list(range(25)) * 10)
+    done = stats() - before
+    print(f"500 appends from 10 threads and 10 tasks: {done.batches} batches")
+    assert done.appended == 500 and done.batches <= 500 / 5
+
+
+def test_a_closed_or_unknown_stream_fails_only_its_own_appends() -> None:
+    good, closed = pgstreams.create_stream().id, pgstreams.create_stream().id
+    pgstreams.close(closed)
+    unknown = uuid.uuid4()
+
+    async def together() -> list[object]:
+        calls = [pgstreams.aappend(sid, f"{n}") for n in range(3) for sid in (good, closed, unknown)]
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    before = stats().snapshot()
+    with override_settings(PGSTREAMS={"APPEND_INTERVAL": 0.05}):
+        pgstreams.append(good, "first")  # then the nine calls wait for the interval: one batch
+        results = asyncio.run(together())
+    assert (stats() - before).batches == 2
+    assert results[0::3] == [1, 2, 3]
+    assert all(isinstance(r, pgstreams.StreamClosed) and "was closed at" in str(r) for r in results[1::3])
+    assert all(isinstance(r, pgstreams.StreamNotFound) and str(unknown) in str(r) for r in results[2::3])
+    assert stored(good) == [(0, "first"), (1, "0"), (2, "1"), (3, "2")] and stored(closed) == []
+
+
+def test_bad_chunks_are_refused_before_they_are_queued() -> None:
+    s = pgstreams.create_stream()
+    with pytest.raises(pgstreams.ChunkTooLarge):
+        pgstreams.append(s.id, "x" * (conf.max_chunk_bytes() + 1))
+    with pytest.raises(pgstreams.InvalidChunk):
+        pgstreams.append(s.id, "nul\x00")
+    with pytest.raises(TypeError):
+        pgstreams.append(s.id, b"bytes")  # type: ignore[arg-type]
+    with pytest.raises(pgstreams.StreamNotFound):
+        pgstreams.append("not-a-uuid", "x")
+    assert stored(s) == [] and appender.appender(conf.database()).depth() == 0
+
+
+def test_a_batch_the_database_refuses_is_split_until_the_refused_item_stands_alone() -> None:
+    streams = [pgstreams.create_stream().id for _ in range(8)]
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE pgstreams_chunk ADD CONSTRAINT test_no_poison CHECK (data <> 'poison') NOT VALID")
+    try:
+
+        async def together() -> list[object]:
+            calls = [pgstreams.aappend(sid, "poison" if k == 5 else f"ok{k}") for k, sid in enumerate(streams)]
+            return await asyncio.gather(*calls, return_exceptions=True)
+
+        before = stats().snapshot()
+        with override_settings(PGSTREAMS={"APPEND_INTERVAL": 0.05}):
+            pgstreams.append(streams[0], "first")
+            results = asyncio.run(together())
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE pgstreams_chunk DROP CONSTRAINT test_no_poison")
+    assert isinstance(results[5], pgstreams.StreamError) and "test_no_poison" in str(results[5])
+    assert [r for k, r in enumerate(results) if k != 5] == [1, 0, 0, 0, 0, 0, 0]
+    assert stored(streams[5]) == [] and stored(streams[7]) == [(0, "ok7")]
+    print(f"a batch of 8 with one refused item: {(stats() - before).splits} splits")
+
+
+def test_the_stream_writer_sends_in_order_and_its_exit_waits_for_every_commit() -> None:
+    s = pgstreams.create_stream()
+
+    async def generate() -> int:
+        async with pgstreams.stream_writer(s.id, close=True) as w:
+            for i in range(300):
+                await w.send(f"w{i}")
+        return w.sent
+
+    assert asyncio.run(generate()) == 300
+    assert stored(s) == [(i, f"w{i}") for i in range(300)]
+    s.refresh_from_db()
+    assert s.closed_at is not None
+
+
+def test_the_stream_writer_raises_when_its_stream_was_closed_under_it() -> None:
+    s = pgstreams.create_stream()
+    sent_after_close: list[int] = []
+
+    async def generate() -> None:
+        async with pgstreams.stream_writer(s.id) as w:
+            for i in range(1000):
+                if i == 10:
+                    await w.flush()
+                    await pgstreams.aclose(s.id)  # as a "stop" button would, from elsewhere
+                    sent_after_close.append(w.sent)
+                await w.send(f"w{i}")
+                await asyncio.sleep(0.002)
+
+    with pytest.raises(pgstreams.StreamClosed):
+        asyncio.run(generate())
+    assert stored(s) == [(i, f"w{i}") for i in range(10)]
+    assert sent_after_close == [10]
+
+
+@pytest.mark.usefixtures("fresh_listener")
+def test_readers_in_the_appending_process_are_woken_at_commit_not_by_the_flush() -> None:
+    notify.stop_flusher()
+    # No flush after the first, no poll: only the wake-up at commit can deliver chunks 1 to 4.
+    with override_settings(PGSTREAMS={"FLUSH_INTERVAL": 3600, "POLL_INTERVAL": 3600}):
+        s = pgstreams.create_stream()
+        reader = pgstreams.read(s.id, timeout=5)
+        pgstreams.append(s.id, "c0")
+        assert next(reader).data == "c0"
+        for i in range(1, 5):
+            pgstreams.append(s.id, f"c{i}")
+            assert next(reader).data == f"c{i}"
+        assert listener.get_listener().stats.polls == 0
+        assert notify.flusher().depth() == 1  # c1 to c4 still wait to be flushed
+        reader.close()
+    notify.stop_flusher()
+
+
+def test_notifications_go_out_once_per_batch() -> None:
+    streams = [pgstreams.create_stream().id for _ in range(10)]
+    heard: list[str] = []
+    with psycopg.connect(**db.connect_kwargs(conf.database(), "test")) as listen:
+        listen.execute("LISTEN pgstreams")
+        with override_settings(PGSTREAMS={"NOTIFY_MODE": "per_write", "APPEND_INTERVAL": 0.02}):
+            before = stats().snapshot()
+
+            async def many() -> None:
+                await asyncio.gather(*(pgstreams.aappend(sid, f"{i}") for i in range(20) for sid in streams))
+
+            asyncio.run(many())
+            batches = (stats() - before).batches
+        deadline = time.monotonic() + 5
+        while len(heard) < batches and time.monotonic() < deadline:
+            heard.extend(n.payload for n in listen.notifies(timeout=0.5, stop_after=batches - len(heard)))
+    marks = [m for payload in heard for m in notify.decode(payload)]
+    print(f"200 appends to 10 streams: {batches} batches, {len(heard)} notifications")
+    assert len(heard) == batches < 200
+    assert {m.stream_id: m.next_offset for m in marks} == dict.fromkeys(streams, 20)
+
+
+def test_a_commit_without_answer_is_resolved_by_asking_the_database() -> None:
+    """The resolution itself, on real transactions: committed, rolled back, and one still in
+    progress on a live backend, which is ended first."""
+    target = appender.appender(conf.database())
+    kwargs = db.connect_kwargs(conf.database(), "test")
+    with psycopg.connect(**kwargs) as other:
+        for outcome in ("COMMIT", "ROLLBACK"):
+            other.execute("BEGIN")
+            xid, pid = other.execute("SELECT pg_current_xact_id()::text, pg_backend_pid()").fetchone()
+            other.execute(outcome)
+            assert target._resolve(xid, pid, RuntimeError("lost")) is (outcome == "COMMIT")
+        other.execute("BEGIN")
+        xid, pid = other.execute("SELECT pg_current_xact_id()::text, pg_backend_pid()").fetchone()
+        assert target._resolve(xid, pid, RuntimeError("lost")) is False  # it ended the backend
+        with pytest.raises(psycopg.OperationalError):
+            other.execute("SELECT 1")
