@@ -1,4 +1,5 @@
-"""The benchmark's output: a table for the terminal and a PNG (latency CDFs and writes/s bars)."""
+"""The benchmark's output: a table for the terminal and a PNG (latency CDFs and writes/s bars;
+for ``--llm``, latency CDFs and sustained against offered tokens/s)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,40 @@ REPLICA_COLUMNS: list[Column] = [
 ]
 
 
+def _opt(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+LLM_COLUMNS: list[Column] = [
+    ("method", 14, lambda r: r["method"]),
+    ("tok/s/str", 10, lambda r: f"{r['tokens_per_stream_s']:g}"),
+    ("offered/s", 10, lambda r: f"{r['offered_per_s']:.0f}"),
+    ("sustained/s", 12, lambda r: f"{r['sustained_per_s']:.0f}"),
+    ("backlog", 8, lambda r: str(r["backlog"])),
+    ("e2e p50", 8, lambda r: _ms(r["e2e_ms"]["p50"])),
+    ("p95", 7, lambda r: _ms(r["e2e_ms"]["p95"])),
+    ("p99", 7, lambda r: _ms(r["e2e_ms"]["p99"])),
+    ("max", 8, lambda r: _ms(r["e2e_ms"]["max"])),
+    ("coverage", 9, _coverage),
+    ("dup", 4, lambda r: str(r["duplicates"])),
+    ("ooo", 4, lambda r: str(r["out_of_order"])),
+    ("xact/s", 8, lambda r: f"{r['xact_per_s']:.0f}"),
+    ("rss MiB", 8, lambda r: f"{r['reader_peak_mib']:.0f}"),
+    ("us/entry", 9, lambda r: _opt(r["decode_us_per_entry"], ".2f")),
+    ("batches", 8, lambda r: _opt(r["appender_batches"], "d")),
+    ("batch", 6, lambda r: _opt(r["mean_batch"], ".0f")),
+    ("lag p99", 8, lambda r: _ms(r["schedule_lag_ms"]["p99"])),
+]
+
+LLM_NOTE = (
+    "(ms; e2e = write call start to receipt by a reader; tok/s/str = tokens/s per stream; sustained = committed "
+    "in the writing window / its length; backlog = committed, not received by the slowest reader when the drain "
+    "ended; coverage = its share received; xact/s = the server's transactions/s in the window; rss = a reader "
+    "process's peak (the daphne server's with --ws); us/entry = listener decode cost per notification entry; "
+    "batches and batch = the appender's commits and their mean size; lag = writer calls' start after their deadline)"
+)
+
+
 def _grid(columns: list[Column], rows: list[dict[str, Any]]) -> list[str]:
     """A header, a rule and a fixed-width line per row."""
 
@@ -65,6 +100,8 @@ def table(report: dict[str, Any]) -> str:
     """The runs as a fixed-width table, with the pgbench ceiling and ratios below it."""
     if report.get("replica"):
         return replica_table(report["replica"])
+    if "llm" in report:
+        return llm_table(report)
     lines = _grid(RUN_COLUMNS, report["runs"])
     lines.append("(latencies in ms; backends and polls/s summed over the reader processes)")
     if report.get("pgbench_tps") is not None:
@@ -84,6 +121,21 @@ def table(report: dict[str, Any]) -> str:
             f"WebSocket: {ws['clients']} clients, {ws['delivered_per_s']:.0f} chunks/s delivered, "
             f"e2e p50 {_ms(e['p50'])} p99 {_ms(e['p99'])} max {_ms(e['max'])} ms, coverage {ws['coverage']:.4f}, "
             f"server peak memory {ws['server_peak_mib']:.0f} MiB"
+        )
+    return "\n".join(lines)
+
+
+def llm_table(report: dict[str, Any]) -> str:
+    """One line per method (or, for --find-max, per step), then the rate that held."""
+    if not report.get("find_max"):
+        return "\n".join(_grid(LLM_COLUMNS, report["llm"]) + [LLM_NOTE])
+    lines = _grid(LLM_COLUMNS, [step for sweep in report["find_max"] for step in sweep["steps"]]) + [LLM_NOTE]
+    for sweep in report["find_max"]:
+        held = sweep["held_tokens_per_stream_s"]
+        lines.append(
+            f"{sweep['method']}: held up to {held:g} tokens/s per stream ({sweep['held_offered_per_s']:.0f} tokens/s)"
+            if held is not None
+            else f"{sweep['method']}: did not hold at the first rate"
         )
     return "\n".join(lines)
 
@@ -116,6 +168,8 @@ def plot(report: dict[str, Any], path: str) -> None:
 
     if report.get("replica"):
         return plot_replica(report, path)
+    if "llm" in report:
+        return plot_llm(report, path)
 
     runs = report["runs"]
     fig, (cdf, bars) = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -190,6 +244,45 @@ def plot_replica(report: dict[str, Any], path: str) -> None:
     fig.suptitle(
         f"synchronous_commit levels, one synchronous standby on the same host; "
         f"{report['machine']['cpus']} CPUs, PostgreSQL {report['machine']['postgres']}"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_llm(report: dict[str, Any], path: str) -> None:
+    """``--llm``: end-to-end latency CDF per run, and sustained against offered tokens/s."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sweeps = report.get("find_max")
+    rows = [step for sweep in sweeps for step in sweep["steps"]] if sweeps else report["llm"]
+    names = [f"{r['method']} {r['tokens_per_stream_s']:g}/s" if sweeps else r["method"] for r in rows]
+    fig, (cdf, bars) = plt.subplots(1, 2, figsize=(13, 4.8))
+    for row, name in zip(rows, names, strict=True):
+        if row["e2e_cdf_ms"]:
+            cdf.plot(row["e2e_cdf_ms"], [i / 100 for i in range(len(row["e2e_cdf_ms"]))], label=name)
+    cdf.set_xscale("log")
+    cdf.set_xlabel("write call start to receipt (ms, log scale)")
+    cdf.set_ylabel("fraction of deliveries")
+    cdf.set_title("End-to-end latency")
+    cdf.grid(True, which="both", alpha=0.3)
+    cdf.legend(fontsize="small")
+
+    drawn = bars.bar(names, [r["sustained_per_s"] for r in rows], color="#4c72b0", label="sustained")
+    bars.bar_label(drawn, fmt="%.0f")
+    bars.scatter(names, [r["offered_per_s"] for r in rows], color="#c44e52", marker="_", s=600, label="offered")
+    bars.set_ylabel("tokens/s")
+    bars.set_title("Sustained against offered")
+    bars.tick_params(axis="x", labelrotation=30, labelsize="small")
+    bars.legend()
+    config = report["config"]
+    fig.suptitle(
+        f"pgstreams_bench --llm: {config['streams']} streams, {config['readers']} reader processes"
+        f"{' (WebSocket)' if config['ws'] else ''}; {report['machine']['cpus']} CPUs, "
+        f"PostgreSQL {report['machine']['postgres']}"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -1,5 +1,6 @@
-"""A fake LLM: a deterministic answer for each prompt, written token by token to a stream by a
-background worker in the server process. No network and no model."""
+"""A fake LLM: a deterministic answer for each prompt, appended token by token to a stream by a
+background worker in the server process (``pgstreams.append``: the tokens of every answer being
+written commit together, in batches). No network and no model."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def generate(stream_id: uuid.UUID, prompt: str) -> None:
     pause = 1 / getattr(settings, "CHAT_TOKENS_PER_SECOND", 30)
     try:
         for token in answer(prompt):
-            pgstreams.write(stream_id, token)
+            pgstreams.append(stream_id, token)
             time.sleep(pause)
         pgstreams.close(stream_id)
     except pgstreams.StreamError as exc:  # deleted or closed meanwhile: stop writing

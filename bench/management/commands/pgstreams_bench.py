@@ -7,6 +7,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from bench.llm import LlmConfig, run_llm
+from bench.llm_procs import APPEND_METHODS, METHODS
 from bench.report import plot, table
 from bench.run import MODES, Config, run
 
@@ -14,7 +16,8 @@ from bench.run import MODES, Config, run
 class Command(BaseCommand):
     help = (
         "Measure writes/s and delivery latency per notification mode, with the pgbench ceiling; "
-        "or, with --replica, per synchronous_commit level against a streaming standby."
+        "or, with --replica, per synchronous_commit level against a streaming standby; "
+        "or, with --llm, token streams written at a fixed rate per write method."
     )
 
     def add_arguments(self, parser: Any) -> None:
@@ -22,11 +25,15 @@ class Command(BaseCommand):
         parser.add_argument("--writers", type=int, default=32, help="concurrent writing connections")
         parser.add_argument("--writer-processes", type=int, default=0, help="processes they run in (0: one per CPU)")
         parser.add_argument("--streams-per-writer", type=int, default=1)
-        parser.add_argument("--readers", type=int, default=2, help="reader processes")
+        parser.add_argument("--readers", type=int, default=None, help="reader processes (default 2; 1 with --llm)")
         parser.add_argument("--fanout", type=int, default=1, help="readers of every stream in each reader process")
         parser.add_argument("--duration", type=float, default=10.0, help="seconds of writing per mode")
         parser.add_argument("--rate", type=float, default=None, help="writes/s in total (default: flat out)")
-        parser.add_argument("--ws", action="store_true", help="also run the WebSocket mode")
+        parser.add_argument(
+            "--ws",
+            action="store_true",
+            help="also run the WebSocket mode; with --llm, the readers are WebSocket clients of a daphne process",
+        )
         parser.add_argument("--clients", type=int, default=50, help="WebSocket clients in --ws mode")
         parser.add_argument("--no-pgbench", action="store_true", help="skip the pgbench ceiling")
         parser.add_argument(
@@ -40,10 +47,33 @@ class Command(BaseCommand):
             default="16,32,64",
             help="writer counts for --replica, comma-separated (default 16,32,64)",
         )
+        parser.add_argument(
+            "--llm",
+            action="store_true",
+            help="instead of the modes: --streams streams written at --tokens-per-second each by one asyncio task "
+            "per stream in --writer-processes processes, every stream followed by each of --readers processes; "
+            "once per write method (--methods), each with fresh streams and processes",
+        )
+        parser.add_argument("--streams", type=int, default=1000, help="streams written at once, with --llm")
+        parser.add_argument("--tokens-per-second", type=float, default=20.0, help="per stream, with --llm")
+        parser.add_argument(
+            "--methods",
+            default=",".join(METHODS),
+            help=f"write methods for --llm, comma-separated (default {','.join(METHODS)})",
+        )
+        parser.add_argument(
+            "--find-max",
+            action="store_true",
+            help="with --llm, for each append method chosen (awrite is left out): raise --tokens-per-second x1.5 "
+            "per step, --streams fixed, at most 8 steps of --duration each, until sustained tokens/s falls below "
+            "95%% of offered, the e2e p99 passes 250 ms or a reader misses chunks; report the last rate that held",
+        )
         parser.add_argument("--json", dest="json_path", help="write the report as JSON here")
         parser.add_argument("--plot", dest="plot_path", help="write the plot as PNG here")
 
     def handle(self, *args: Any, **o: Any) -> None:
+        if o["readers"] is None:
+            o["readers"] = 1 if o["llm"] else 2
         for name in ("writers", "readers", "fanout", "streams_per_writer", "clients"):
             if o[name] < (0 if name == "readers" else 1):
                 raise CommandError(f"--{name.replace('_', '-')} must be at least {0 if name == 'readers' else 1}")
@@ -55,6 +85,17 @@ class Command(BaseCommand):
             replica_writers = ()
         if not replica_writers or min(replica_writers) < 1:
             raise CommandError("--replica-writers must be positive whole numbers separated by commas, such as 16,32,64")
+        report = self.run_llm(o) if o["llm"] else self.run_modes(o, replica_writers)
+        self.stdout.write(table(report))
+        if o["json_path"]:
+            with open(o["json_path"], "w") as f:
+                json.dump(report, f, indent=2)
+            self.stdout.write(f"wrote {o['json_path']}")
+        if o["plot_path"]:
+            plot(report, o["plot_path"])
+            self.stdout.write(f"wrote {o['plot_path']}")
+
+    def run_modes(self, o: dict[str, Any], replica_writers: tuple[int, ...]) -> dict[str, Any]:
         config = Config(
             modes=() if o["replica"] else MODES if o["mode"] == "all" else (o["mode"],),
             writers=o["writers"],
@@ -69,12 +110,27 @@ class Command(BaseCommand):
             pgbench=not (o["no_pgbench"] or o["replica"]),
             replica_writers=replica_writers if o["replica"] else (),
         )
-        report = run(config, say=lambda line: self.stdout.write(line))
-        self.stdout.write(table(report))
-        if o["json_path"]:
-            with open(o["json_path"], "w") as f:
-                json.dump(report, f, indent=2)
-            self.stdout.write(f"wrote {o['json_path']}")
-        if o["plot_path"]:
-            plot(report, o["plot_path"])
-            self.stdout.write(f"wrote {o['plot_path']}")
+        return run(config, say=self.say)
+
+    def run_llm(self, o: dict[str, Any]) -> dict[str, Any]:
+        methods = tuple(m.strip() for m in o["methods"].split(",") if m.strip())
+        if not methods or set(methods) - set(METHODS):
+            raise CommandError(f"--methods must be some of {', '.join(METHODS)}, separated by commas")
+        if o["find_max"] and not set(methods) & set(APPEND_METHODS):
+            raise CommandError(f"--find-max needs an append method in --methods: {', '.join(APPEND_METHODS)}")
+        if o["streams"] < 1 or o["readers"] < 1 or o["tokens_per_second"] <= 0:
+            raise CommandError("--streams and --readers must be at least 1, --tokens-per-second positive")
+        config = LlmConfig(
+            methods=methods,
+            streams=o["streams"],
+            tokens_per_second=o["tokens_per_second"],
+            writer_processes=o["writer_processes"],
+            readers=o["readers"],
+            duration=o["duration"],
+            ws=o["ws"],
+            find_max=o["find_max"],
+        )
+        return run_llm(config, say=self.say)
+
+    def say(self, line: str) -> None:
+        self.stdout.write(line)
