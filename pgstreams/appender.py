@@ -31,7 +31,7 @@ from typing import Any, Final
 import psycopg
 import psycopg.errors
 
-from . import conf, db, notify, writer
+from . import conf, db, metrics, notify, writer
 from .exceptions import OutcomeUnknown, StreamClosed, StreamError, StreamNotFound
 from .process import PerProcess
 from .stats import AppenderStats
@@ -153,6 +153,7 @@ class Appender:
                 self._commit(batch)
             except Exception as exc:  # a bug must not leave callers waiting, nor kill the thread
                 logger.exception("pgstreams: the appender failed on a batch of %d", len(batch))
+                self._close()  # it may be inside the batch's transaction
                 _settle(batch, [StreamError(f"append failed: {exc}") for _ in batch])
         self._close()
 
@@ -188,6 +189,7 @@ class Appender:
         the batch certainly did not commit and may be sent again, OutcomeUnknown (in the
         results) when nobody can tell, and a DatabaseError the database refused it with."""
         conn = self._connection()
+        began = time.monotonic()
         ids = [item.stream_id for item in batch]
         try:
             with db.watched(conn, "appending a batch"):
@@ -224,6 +226,8 @@ class Appender:
             self.stats.resolved += 1
         self.stats.batches += 1
         self.stats.appended += len(batch)
+        metrics.append_seconds.observe(time.monotonic() - began)
+        metrics.append_batch.observe(len(batch))
         writer.committed(conf.notify_mode(), marks, sum(isinstance(r, int) for r in results))
         return results
 

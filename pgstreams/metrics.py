@@ -2,7 +2,7 @@
 
 Counts the flusher and the listener already keep (their ``stats``) are read at scrape time by a
 collector, so the hot paths keep one counter each. What has no such count is instrumented here:
-chunks written, flush sizes and durations, readers, WebSocket and SSE clients, and the delivery
+chunks written, flush and append batch sizes and durations, readers, WebSocket and SSE clients, and the delivery
 latency from a chunk's commit to its send. Each server process exposes its own figures.
 """
 
@@ -27,6 +27,16 @@ flush_batch = Histogram(
 flush_seconds = Histogram(
     "pgstreams_flush_seconds",
     "Time to send one flush of the notification buffer.",
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+)
+append_batch = Histogram(
+    "pgstreams_append_batch_chunks",
+    "Chunks per committed batch of the append path.",
+    buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000),
+)
+append_seconds = Histogram(
+    "pgstreams_append_seconds",
+    "Time to commit one batch of the append path, from its first statement to its commit's answer.",
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
 )
 readers = Gauge("pgstreams_active_readers", "Readers (read/aread) following a stream in this process.")

@@ -48,6 +48,11 @@ def test_writes_flushes_readers_and_deliveries_are_counted() -> None:
     assert value("pgstreams_flushes_total") > flushes
     assert value("pgstreams_flush_batch_streams_count") >= 1
 
+    batches = value("pgstreams_append_batch_chunks_count")
+    pgstreams.append(s.id, "d")
+    assert value("pgstreams_chunks_written_total") == written + 4
+    assert value("pgstreams_append_batch_chunks_count") == batches + 1
+
     readers = value("pgstreams_active_readers")
     reader = pgstreams.read(s.id, timeout=5)
     assert next(reader).data == "a"
