@@ -61,10 +61,10 @@ LLM_COLUMNS: list[Column] = [
     ("offered/s", 10, lambda r: f"{r['offered_per_s']:.0f}"),
     ("sustained/s", 12, lambda r: f"{r['sustained_per_s']:.0f}"),
     ("backlog", 8, lambda r: str(r["backlog"])),
-    ("e2e p50", 8, lambda r: _ms(r["e2e_ms"]["p50"])),
-    ("p95", 7, lambda r: _ms(r["e2e_ms"]["p95"])),
-    ("p99", 7, lambda r: _ms(r["e2e_ms"]["p99"])),
-    ("max", 8, lambda r: _ms(r["e2e_ms"]["max"])),
+    ("e2e p50", 9, lambda r: _ms(r["e2e_ms"]["p50"])),
+    ("p95", 9, lambda r: _ms(r["e2e_ms"]["p95"])),
+    ("p99", 9, lambda r: _ms(r["e2e_ms"]["p99"])),
+    ("max", 9, lambda r: _ms(r["e2e_ms"]["max"])),
     ("coverage", 9, _coverage),
     ("dup", 4, lambda r: str(r["duplicates"])),
     ("ooo", 4, lambda r: str(r["out_of_order"])),
@@ -73,7 +73,7 @@ LLM_COLUMNS: list[Column] = [
     ("us/entry", 9, lambda r: _opt(r["decode_us_per_entry"], ".2f")),
     ("batches", 8, lambda r: _opt(r["appender_batches"], "d")),
     ("batch", 6, lambda r: _opt(r["mean_batch"], ".0f")),
-    ("lag p99", 8, lambda r: _ms(r["schedule_lag_ms"]["p99"])),
+    ("lag p99", 9, lambda r: _ms(r["schedule_lag_ms"]["p99"])),
 ]
 
 LLM_NOTE = (

@@ -1,5 +1,6 @@
 """pgstreams_bench in a tiny configuration, so that it keeps working: every mode, the pgbench
-ceiling, the WebSocket mode, the JSON and the plot."""
+ceiling, the WebSocket mode, the replica sweep, the LLM shape (every write method), the JSON and
+the plot."""
 
 from __future__ import annotations
 
@@ -85,3 +86,40 @@ def test_a_tiny_replica_sweep(tmp_path) -> None:
 def test_replica_writers_must_be_positive_numbers() -> None:
     with pytest.raises(CommandError, match="--replica-writers must be positive whole numbers"):
         call_command("pgstreams_bench", "--replica", "--replica-writers", "16,x")
+
+
+def test_a_tiny_llm_run_of_every_write_method(tmp_path, capsys) -> None:
+    out, png = tmp_path / "llm.json", tmp_path / "llm.png"
+    call_command(
+        "pgstreams_bench",
+        "--llm",
+        "--streams",
+        "20",
+        "--tokens-per-second",
+        "5",
+        "--duration",
+        "1.5",
+        "--json",
+        str(out),
+        "--plot",
+        str(png),
+    )
+    report = json.loads(out.read_text())
+    assert report["find_max"] is None
+    assert [r["method"] for r in report["llm"]] == ["aappend", "stream_writer", "awrite"]
+    for run in report["llm"]:
+        assert run["offered_per_s"] == 100 and run["sustained_per_s"] > 0
+        assert run["committed"] > 0 and run["backlog"] == 0 and run["coverage"] == 1.0
+        assert run["duplicates"] == 0 and run["out_of_order"] == 0
+        assert run["write_errors"] == 0 and run["reader_errors"] == [] and run["unfinished_streams"] == 0
+        assert set(run["e2e_ms"]) == {"p50", "p95", "p99", "p999", "max"} and run["e2e_ms"]["p50"] > 0
+        assert run["xact_per_s"] > 0 and run["reader_peak_mib"] > 0
+        uses_appender = run["method"] != "awrite"
+        assert (run["appender_batches"] is not None and run["appender_batches"] > 0) == uses_appender
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "sustained/s" in capsys.readouterr().out
+
+
+def test_llm_methods_must_be_known() -> None:
+    with pytest.raises(CommandError, match="--methods must be some of"):
+        call_command("pgstreams_bench", "--llm", "--methods", "aappend,nope")

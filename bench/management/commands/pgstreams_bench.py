@@ -113,6 +113,8 @@ class Command(BaseCommand):
         return run(config, say=self.say)
 
     def run_llm(self, o: dict[str, Any]) -> dict[str, Any]:
+        if o["replica"]:
+            raise CommandError("--llm and --replica are two benchmarks: run them one at a time")
         methods = tuple(m.strip() for m in o["methods"].split(",") if m.strip())
         if not methods or set(methods) - set(METHODS):
             raise CommandError(f"--methods must be some of {', '.join(METHODS)}, separated by commas")
