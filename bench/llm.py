@@ -330,6 +330,7 @@ def _reader_figures(readers: list[Any], server_peak: int | None) -> dict[str, An
     return {
         "reader_peak_mib": round(peak / 2**20, 1),
         "decode_us_per_entry": round(1e6 * listener["hear_seconds"] / entries, 3) if entries else None,
+        "unfollowed_us_per_entry": max((getattr(r, "unfollowed_us", 0.0) for r in readers), default=None) or None,
         "fetch_ms_mean": round(1000 * listener["fetch_seconds"] / fetches, 2) if fetches else None,
         "chunks_per_fetch": round(listener["chunks_fetched"] / fetches, 1) if fetches else None,
         "listener": listener,

@@ -228,9 +228,46 @@ class ClientResult:
     errors: list[str] = field(default_factory=list)
 
 
+ACK_EVERY = 128  # chunks, as pgstreams.js's ackEvery
+ACK_DELAY = 0.25  # seconds, as pgstreams.js's timer
+
+
+class _Acks:
+    """A WebSocket client's acks, sent as pgstreams.js sends them."""
+
+    def __init__(self, ws: Any) -> None:
+        self.ws, self.frame, self.unacked = ws, "", 0
+        self.timer: asyncio.Task[None] | None = None
+
+    async def read(self, frame: str, chunks: int) -> None:
+        self.frame, self.unacked = frame, self.unacked + chunks
+        if self.unacked >= ACK_EVERY:
+            if self.timer is not None:
+                self.timer.cancel()
+            await self.send()
+        elif self.timer is None:
+            self.timer = asyncio.create_task(self.later())
+
+    async def later(self) -> None:
+        await asyncio.sleep(ACK_DELAY)
+        await self.send()
+
+    async def send(self) -> None:
+        import json
+
+        import websockets
+
+        self.timer, self.unacked = None, 0
+        try:
+            await self.ws.send(json.dumps({"type": "ack", "frame": self.frame}))
+        except websockets.ConnectionClosed:
+            pass  # the server closed after its end frame, which is still to be read
+
+
 def ws_clients(base: str, stream_ids: list[str], assigned: list[int], timeout: float, ready: Any, results: Any) -> None:
     """WebSocket clients (one per entry of ``assigned``, an index into ``stream_ids``) that ack
-    what they receive, until their stream ends."""
+    what they receive as pgstreams.js does (every ACK_EVERY chunks, else ACK_DELAY after the first
+    unacknowledged frame), until their stream ends."""
     result = asyncio.run(_ws_follow_all(base, stream_ids, assigned, timeout, ready))
     results.put(("ws", result))
 
@@ -252,6 +289,7 @@ async def _ws_follow_all(
         expected = 0
         url = f"{base}/ws/pgstreams/{stream_ids[index]}/?from=0"
         async with websockets.connect(url, origin=origin, open_timeout=30, max_queue=None) as ws:
+            acks = _Acks(ws)
             pending -= 1
             if not pending:
                 opened.set()
@@ -275,10 +313,7 @@ async def _ws_follow_all(
                     result.stream.append(index)
                     result.offset.append(item["offset"])
                     result.received.append(now)
-                try:
-                    await ws.send(json.dumps({"type": "ack", "frame": message["frame"]}))
-                except websockets.ConnectionClosedOK:
-                    pass  # the server closed after its end frame, which is still to be read
+                await acks.read(message["frame"], len(message["items"]))
             result.errors.append(f"closed without an end frame (code {ws.close_code}) after offset {expected - 1}")
 
     tasks = [asyncio.create_task(follow(i)) for i in assigned]

@@ -71,6 +71,7 @@ LLM_COLUMNS: list[Column] = [
     ("xact/s", 8, lambda r: f"{r['xact_per_s']:.0f}"),
     ("rss MiB", 8, lambda r: f"{r['reader_peak_mib']:.0f}"),
     ("us/entry", 9, lambda r: _opt(r["decode_us_per_entry"], ".2f")),
+    ("unfollowed", 11, lambda r: _opt(r.get("unfollowed_us_per_entry"), ".2f")),
     ("batches", 8, lambda r: _opt(r["appender_batches"], "d")),
     ("batch", 6, lambda r: _opt(r["mean_batch"], ".0f")),
     ("lag p99", 9, lambda r: _ms(r["schedule_lag_ms"]["p99"])),
@@ -80,7 +81,8 @@ LLM_NOTE = (
     "(ms; e2e = write call start to receipt by a reader; tok/s/str = tokens/s per stream; sustained = committed "
     "in the writing window / its length; backlog = committed, not received by the slowest reader when the drain "
     "ended; coverage = its share received; xact/s = the server's transactions/s in the window; rss = a reader "
-    "process's peak (the daphne server's with --ws); us/entry = listener decode cost per notification entry; "
+    "process's peak (the daphne server's with --ws); us/entry = the listener's CPU per notification entry of a "
+    "followed stream, unfollowed = of a stream nobody in the process follows; "
     "batches and batch = the appender's commits and their mean size; lag = writer calls' start after their deadline)"
 )
 

@@ -47,7 +47,7 @@ logger = logging.getLogger("pgstreams.appender")
 APPEND_SQL = """
 WITH items AS (
     SELECT t.stream_id, t.data, t.i
-    FROM unnest(%(ids)s::uuid[], %(data)s::text[]) WITH ORDINALITY AS t(stream_id, data, i)
+    FROM unnest(%(ids)b::uuid[], %(data)b::text[]) WITH ORDINALITY AS t(stream_id, data, i)
 ),
 counts AS (
     SELECT stream_id, count(*) AS n FROM items GROUP BY stream_id
@@ -190,17 +190,17 @@ class Appender:
         results) when nobody can tell, and a DatabaseError the database refused it with."""
         conn = self._connection()
         began = time.monotonic()
-        ids = [item.stream_id for item in batch]
         try:
             with db.watched(conn, "appending a batch"):
                 conn.execute("BEGIN")
-                rows = conn.execute(
-                    APPEND_SQL, {"ids": ids, "data": [item.data for item in batch], "level": conf.synchronous_commit()}
-                ).fetchall()
-                bases = {row[0]: row[1] for row in rows}
-                missing = set(ids) - bases.keys()
-                states = dict(conn.execute(STATE_SQL, [list(missing)]).fetchall()) if missing else {}
-                marks = _marks(batch, bases)
+                ids, data = [item.stream_id for item in batch], [item.data for item in batch]
+                params = {"ids": ids, "data": data, "level": conf.synchronous_commit()}
+                # Prepared (once per connection) where PREPARED_STATEMENTS allows: planning the
+                # statement would cost as much as running it on a small batch.
+                rows = conn.execute(APPEND_SQL, params, prepare=conf.prepared_statements()).fetchall()
+                offsets, marks = _offsets(batch, rows)
+                unwritten = [item.stream_id for item, offset in zip(batch, offsets, strict=True) if offset is None]
+                states = dict(conn.execute(STATE_SQL, [unwritten]).fetchall()) if unwritten else {}
                 if marks and conf.notify_mode() == "per_write":
                     conn.execute(NOTIFY_SQL, (conf.channel(), notify.pack(marks)))
         except psycopg.Error as exc:
@@ -208,7 +208,7 @@ class Appender:
             if conn.broken or _retryable(exc):
                 raise _NotCommitted() from exc
             raise
-        results = _results(batch, bases, states, self.alias)
+        results = _results(batch, offsets, states, self.alias)
         try:
             with db.watched(conn, "committing an append batch"):
                 conn.execute("COMMIT")
@@ -306,22 +306,29 @@ def _error(kind: type[Exception], message: str, cause: BaseException) -> Excepti
     return error
 
 
-def _marks(batch: list[_Item], bases: dict[uuid.UUID, int]) -> list[Mark]:
-    counts = collections.Counter(item.stream_id for item in batch if item.stream_id in bases)
-    return [Mark(stream_id, bases[stream_id] + n, False) for stream_id, n in counts.items()]
-
-
-def _results(batch: list[_Item], bases: dict[uuid.UUID, int], states: dict[uuid.UUID, Any], alias: str) -> list[Result]:
-    """Each item's offset (its stream's base plus the items of that stream before it), or the
-    error of a stream the batch could not write."""
-    taken: dict[uuid.UUID, int] = {}
-    results: list[Result] = []
+def _offsets(batch: list[_Item], rows: list[tuple[Any, ...]]) -> tuple[list[int | None], list[Mark]]:
+    """Each item's offset (its stream's base plus the items of that stream before it; None for a
+    stream the batch did not write) and each written stream's mark. Streams are keyed by their
+    ``int``: a UUID's own hash is computed in Python."""
+    following = {row[0].int: row[1] for row in rows}  # the offset the stream's next item gets
+    offsets: list[int | None] = []
     for item in batch:
+        key = item.stream_id.int
+        offset = following.get(key)
+        if offset is not None:
+            following[key] = offset + 1
+        offsets.append(offset)
+    return offsets, [Mark(row[0], following[row[0].int], False) for row in rows]
+
+
+def _results(batch: list[_Item], offsets: list[int | None], states: dict[uuid.UUID, Any], alias: str) -> list[Result]:
+    """Each item's offset, or the error of a stream the batch could not write (``states``: the
+    closed_at of those that exist)."""
+    results: list[Result] = []
+    for item, offset in zip(batch, offsets, strict=True):
         sid = item.stream_id
-        if sid in bases:
-            n = taken.get(sid, 0)
-            taken[sid] = n + 1
-            results.append(bases[sid] + n)
+        if offset is not None:
+            results.append(offset)
         elif sid in states:
             closed_at = states[sid]
             at = f" at {closed_at.isoformat()}" if closed_at else ""

@@ -261,7 +261,7 @@ async_threads: Setting[int] = Setting(
 
 append_interval: Setting[float] = Setting(
     "APPEND_INTERVAL",
-    0.005,
+    0.02,
     SECONDS,
     "pgstreams.E018",
     "seconds between two batches of the append path (`append`, `aappend`, `stream_writer`), at the least: a "

@@ -26,6 +26,7 @@ from collections import deque
 from typing import Any
 from urllib.parse import parse_qs
 
+from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.core.exceptions import PermissionDenied
 
@@ -76,6 +77,15 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
         self.envelope = len(protocol.chunks_frame("0" * 2 * FRAME_ID_BYTES, self.stream_id, []))
         self.pump = asyncio.create_task(self.send_chunks(), name=f"pgstreams-ws-{self.stream_id}")
         metrics.websocket_clients.inc()
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """Channels' dispatch without its ``close_old_connections`` before every message: that is
+        a hop to a thread for each ack, and this consumer holds no Django connection (its one
+        query, the authorization lookup, runs on pgstreams' own threads)."""
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"no handler for message type {message['type']}")
+        await handler(message)
 
     async def disconnect(self, code: int) -> None:
         if self.pump is not None:

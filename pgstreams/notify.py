@@ -37,11 +37,12 @@ def encode(mark: Mark) -> str:
     return entry + ":c" if mark.closed else entry
 
 
-def decode_entry(entry: str) -> Mark | None:
-    """Parse one entry of a payload; None (logged, never fatal) for one that is not ours."""
+def decode_entry(entry: str, stream_id: uuid.UUID | None = None) -> Mark | None:
+    """Parse one entry of a payload; None (logged, never fatal) for one that is not ours.
+    ``stream_id``: the stream the caller found the entry's hex id to name, not parsed again."""
     parts = entry.split(":")
     try:
-        return Mark(uuid.UUID(hex=parts[0]), int(parts[1]), parts[2:] == ["c"])
+        return Mark(stream_id or uuid.UUID(hex=parts[0]), int(parts[1]), parts[2:] == ["c"])
     except (ValueError, IndexError):
         logger.debug("ignoring notification entry %r", entry)
         return None

@@ -28,7 +28,7 @@ class _Stats:
 class ListenerStats(_Stats):
     notifications: int = 0  # NOTIFY payloads heard
     entries: int = 0  # stream entries in them, followed here or not
-    hear_seconds: float = 0.0  # time spent decoding them (hear_seconds / entries: the cost per entry)
+    hear_seconds: float = 0.0  # CPU time spent decoding them (hear_seconds / entries: the cost per entry)
     reconnects: int = 0  # of the LISTEN connection, after the first connect
     listen_errors: int = 0  # the LISTEN connection lost (or found silent)
     listen_checks: int = 0  # queries proving a silent LISTEN connection alive

@@ -95,7 +95,11 @@ class ForTail:
 
     async def take_async(self, left: Left) -> list[StreamChunk]:
         assert isinstance(self.event, asyncio.Event)
-        await asyncio.wait_for(self.event.wait(), left())
+        timeout = left()
+        if timeout is None:  # wait_for() would wrap the wait in a task of its own
+            await self.event.wait()
+        else:
+            await asyncio.wait_for(self.event.wait(), timeout)
         return []
 
 
