@@ -277,7 +277,7 @@ append_batch: Setting[int] = Setting(
 )
 window_bytes: Setting[int] = Setting(
     "WINDOW_BYTES",
-    65536,
+    16384,
     Rule(lambda v: _whole(v) and v >= 1024, "a whole number of bytes, 1024 or more"),
     "pgstreams.E020",
     "the memory a process's listener keeps at most for the latest chunks of one followed stream (their data "

@@ -12,7 +12,7 @@ from pgstreams.types import StreamChunk
 from pgstreams.window import Page, Tail
 
 SID = uuid.uuid4()
-BUDGET = 65536  # WINDOW_BYTES' default
+BUDGET = 16384  # WINDOW_BYTES' default
 AT = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 
 
