@@ -16,7 +16,7 @@ import pytest
 from django.db import connection
 from django.db.backends.base.creation import TEST_DATABASE_PREFIX
 
-from pgstreams import listener, notify
+from pgstreams import appender, listener, notify
 from tests.helpers import ROOT, free_port, subprocess_database_url
 
 
@@ -27,6 +27,7 @@ def _stop_background_threads(django_db_setup: None, django_db_blocker) -> Iterat
     yield
     listener.stop_listener()
     notify.stop_flusher()
+    appender.stop_appenders()
     if not connection.settings_dict["NAME"].startswith(TEST_DATABASE_PREFIX):
         return
     # Django connections left open in other threads (pgstreams' pools) would block the drop.
