@@ -271,7 +271,7 @@ def _collect(count: int, channels: Channels, config: LlmConfig, method: str, go_
 
 
 def _progress(method: str, channels: Channels, elapsed: float, ws: bool) -> str:
-    received = "-" if ws else f"{min(channels.received):,}"
+    received = "-" if ws or not len(channels.received) else f"{min(channels.received):,}"
     return f"  {method}: {elapsed:5.1f} s, {sum(channels.written):,} committed, {received} received"
 
 
@@ -291,7 +291,7 @@ def summarize(
     by_index = [starts[sid] for sid in streams]
     committed = sum(len(times) for times in by_index)
     e2e = [seconds for r in readers for seconds in _e2e(r, by_index)]
-    received = min(len(r.offset) for r in readers)
+    received = min((len(r.offset) for r in readers), default=None)  # None: no reader (--readers 0)
     return {
         "method": method,
         "ws": config.ws,
@@ -300,8 +300,8 @@ def summarize(
         "offered_per_s": round(config.streams * config.tokens_per_second, 1),
         "sustained_per_s": round(sum(w.committed_in_window / w.window_seconds for w in writers), 1),
         "committed": committed,
-        "backlog": committed - received,
-        "coverage": round(received / committed, 6) if committed else None,
+        "backlog": None if received is None else committed - received,
+        "coverage": round(received / committed, 6) if committed and received is not None else None,
         "e2e_ms": percentiles(e2e, LATENCY_KEYS),
         "e2e_cdf_ms": list(percentiles(e2e, CDF_KEYS).values()) if e2e else [],
         "duplicates": sum(r.duplicates for r in readers),
@@ -326,7 +326,7 @@ def _reader_figures(readers: list[Any], server_peak: int | None) -> dict[str, An
     decode cost per notification entry (not known with --ws: the listener is daphne's)."""
     listener = _summed([r.listener for r in readers if hasattr(r, "listener")])
     entries, fetches = listener.get("entries", 0), listener.get("fetches", 0)
-    peak = server_peak if server_peak is not None else max(getattr(r, "peak_rss", 0) for r in readers)
+    peak = server_peak if server_peak is not None else max((getattr(r, "peak_rss", 0) for r in readers), default=0)
     return {
         "reader_peak_mib": round(peak / 2**20, 1),
         "decode_us_per_entry": round(1e6 * listener["hear_seconds"] / entries, 3) if entries else None,

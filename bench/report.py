@@ -60,7 +60,7 @@ LLM_COLUMNS: list[Column] = [
     ("tok/s/str", 10, lambda r: f"{r['tokens_per_stream_s']:g}"),
     ("offered/s", 10, lambda r: f"{r['offered_per_s']:.0f}"),
     ("sustained/s", 12, lambda r: f"{r['sustained_per_s']:.0f}"),
-    ("backlog", 8, lambda r: str(r["backlog"])),
+    ("backlog", 8, lambda r: _opt(r["backlog"], "d")),
     ("e2e p50", 9, lambda r: _ms(r["e2e_ms"]["p50"])),
     ("p95", 9, lambda r: _ms(r["e2e_ms"]["p95"])),
     ("p99", 9, lambda r: _ms(r["e2e_ms"]["p99"])),
@@ -282,7 +282,8 @@ def plot_llm(report: dict[str, Any], path: str) -> None:
     bars.legend()
     config = report["config"]
     fig.suptitle(
-        f"pgstreams_bench --llm: {config['streams']} streams, {config['readers']} reader processes"
+        f"pgstreams_bench --llm: {config['streams']} streams, {config['readers']} reader "
+        f"process{'es' if config['readers'] != 1 else ''}"
         f"{' (WebSocket)' if config['ws'] else ''}; {report['machine']['cpus']} CPUs, "
         f"PostgreSQL {report['machine']['postgres']}"
     )

@@ -120,8 +120,11 @@ class Command(BaseCommand):
             raise CommandError(f"--methods must be some of {', '.join(METHODS)}, separated by commas")
         if o["find_max"] and not set(methods) & set(APPEND_METHODS):
             raise CommandError(f"--find-max needs an append method in --methods: {', '.join(APPEND_METHODS)}")
-        if o["streams"] < 1 or o["readers"] < 1 or o["tokens_per_second"] <= 0:
-            raise CommandError("--streams and --readers must be at least 1, --tokens-per-second positive")
+        if o["streams"] < 1 or o["readers"] < 0 or o["tokens_per_second"] <= 0:
+            raise CommandError(
+                "--streams must be at least 1, --readers at least 0 (0: the write path alone), "
+                "--tokens-per-second positive"
+            )
         config = LlmConfig(
             methods=methods,
             streams=o["streams"],
