@@ -6,14 +6,18 @@ appends of every thread and event loop of the process; the appender commits them
 connection of its own, one transaction per batch, and each call returns once its batch has
 committed. One statement takes the counters of all the batch's streams (locked in id order, so
 appenders of different processes never deadlock each other) and inserts every chunk, in call
-order per stream. The same statement reads the transaction's id, so when the connection fails
-while the commit is on its way the appender asks the database (``pg_xact_status``) whether the
-batch committed instead of guessing: a batch is never applied twice, and a caller gets an error
-only when its chunk was not committed (or, after the retry budget, when nobody can tell).
+order per stream. A batch that certainly did not commit (the connection failed before the
+commit was sent, or the server answered it with an error) is sent again, within a retry budget
+of CONNECT_TIMEOUT + QUERY_TIMEOUT. When the commit got no answer, the appender asks the
+database whether the batch's first chunk is there with the batch's transaction as its inserter,
+ending the old backend first if it still runs: a batch is never applied twice, and a caller gets
+an error only when its chunk was not committed (``OutcomeUnknown`` when nobody can tell).
 
-A closed or unknown stream fails only its own appends; a batch the database refuses for a
-reason no item names is split until the refused item stands alone. This module never reads
-chunks; notifications go out as NOTIFY_MODE says, once per batch.
+A closed or unknown stream fails only its own appends; a batch the database refuses for a value
+or a constraint (SQLSTATE classes 22 and 23) is split until the refused item stands alone. Once
+an item of a stream writer fails, its later items fail unsent, so a stream never has a hole
+behind a chunk that committed after it. This module never reads chunks; notifications go out as
+NOTIFY_MODE says, once per batch, after the callers have their results.
 """
 
 from __future__ import annotations
@@ -76,6 +80,8 @@ FROM locked AS l
 NOTIFY_SQL = "SELECT pg_notify(%s, payload) FROM unnest(%s::text[]) AS payload"
 STATE_SQL = "SELECT id, closed_at FROM pgstreams_stream WHERE id = ANY(%s)"
 STATUS_SQL = "SELECT pg_xact_status(%s::xid8)"
+# The inserter of a batch's first chunk: its 32-bit transaction id.
+INSERTER_SQL = 'SELECT xmin::text FROM pgstreams_chunk WHERE stream_id = %s AND "offset" = %s'
 # Waits (up to the given milliseconds) for the backend to exit, so its transaction has ended.
 TERMINATE_SQL = "SELECT pg_terminate_backend(%s, %s)"
 
@@ -85,11 +91,21 @@ WRITER_IN_FLIGHT: Final = 1000
 Result = int | BaseException
 
 
-class _Item:
-    """One append: where it goes, and the future its caller waits on (in ``loop``, or None: a
-    thread's)."""
+class _Chain:
+    """The items of one stream writer: once one of them fails, the later ones fail with it
+    instead of committing after it (a stream with a hole in the middle would look whole)."""
 
-    __slots__ = ("stream_id", "data", "future", "loop")
+    __slots__ = ("failure",)
+
+    def __init__(self) -> None:
+        self.failure: BaseException | None = None
+
+
+class _Item:
+    """One append: where it goes, the future its caller waits on (in ``loop``, or None: a
+    thread's), and the stream writer's chain it belongs to, if any."""
+
+    __slots__ = ("stream_id", "data", "future", "loop", "chain")
 
     def __init__(
         self,
@@ -97,8 +113,9 @@ class _Item:
         data: str,
         future: asyncio.Future[int] | concurrent.futures.Future[int],
         loop: asyncio.AbstractEventLoop | None,
+        chain: _Chain | None = None,
     ) -> None:
-        self.stream_id, self.data, self.future, self.loop = stream_id, data, future, loop
+        self.stream_id, self.data, self.future, self.loop, self.chain = stream_id, data, future, loop, chain
 
 
 class _NotCommitted(Exception):
@@ -113,19 +130,20 @@ class Appender:
         self.alias = alias
         self._queue: collections.deque[_Item] = collections.deque()
         self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._start_lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _stopped against submit(), and the thread's start
+        self._stopped = False
         self._thread: threading.Thread | None = None
         self._conn: psycopg.Connection[Any] | None = None
         self.stats = AppenderStats()
 
     def submit(self, item: _Item) -> None:
-        self._queue.append(item)
-        if self._thread is None:
-            with self._start_lock:
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._run, name="pgstreams-appender", daemon=True)
-                    self._thread.start()
+        with self._lock:
+            if self._stopped:
+                raise StreamError("the pgstreams appender of this process was stopped; append again")
+            self._queue.append(item)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="pgstreams-appender", daemon=True)
+                self._thread.start()
         if not self._wake.is_set():  # set() takes a lock: skip it while a batch is already due
             self._wake.set()
 
@@ -136,7 +154,7 @@ class Appender:
         last = 0.0
         while True:
             if not self._queue:
-                if self._stop.is_set():
+                if self._stopped:
                     break
                 self._wake.wait()
                 self._wake.clear()
@@ -158,24 +176,29 @@ class Appender:
         self._close()
 
     def _commit(self, batch: list[_Item]) -> None:
-        """Commit ``batch`` and settle every item: its offset, or why it was not written."""
+        """Commit ``batch`` and settle every item: its offset, or why it was not written. An
+        item of a stream writer whose earlier item failed fails too, unsent."""
+        batch = _without_broken_chains(batch)
+        if not batch:
+            return
         deadline = time.monotonic() + conf.connect_timeout() + conf.query_timeout()
         backoff = db.Backoff()
         while True:
             try:
-                results = self._transaction(batch)
+                results, marks = self._transaction(batch)
                 break
             except _NotCommitted as exc:
                 cause = exc.__cause__ or exc
                 self.stats.retries += 1
                 if time.monotonic() >= deadline:
-                    _settle(batch, [_error(StreamError, f"append not committed: {cause}", cause) for _ in batch])
-                    return
+                    results = [_error(StreamError, f"append not committed: {cause}", cause) for _ in batch]
+                    marks = []
+                    break
                 logger.warning("pgstreams: an append batch did not commit, sending it again: %s", cause)
                 time.sleep(backoff.next())
-            except psycopg.DatabaseError as exc:  # refused by the database, connection intact
+            except psycopg.DatabaseError as exc:  # an item the database refuses
                 if len(batch) == 1:
-                    results = [_error(StreamError, f"append refused by the database: {exc}", exc)]
+                    results, marks = [_error(StreamError, f"append refused by the database: {exc}", exc)], []
                     break
                 self.stats.splits += 1
                 half = len(batch) // 2
@@ -183,14 +206,21 @@ class Appender:
                 self._commit(batch[half:])
                 return
         _settle(batch, results)
+        if not marks:
+            return
+        try:  # after the callers know: a failure here must not turn a commit into an error
+            writer.committed(conf.notify_mode(), marks, sum(isinstance(r, int) for r in results))
+        except Exception:
+            logger.exception("pgstreams: could not announce an append batch; readers' polling will")
 
-    def _transaction(self, batch: list[_Item]) -> list[Result]:
-        """One try at committing ``batch``; its results, item by item. Raises _NotCommitted when
-        the batch certainly did not commit and may be sent again, OutcomeUnknown (in the
-        results) when nobody can tell, and a DatabaseError the database refused it with."""
-        conn = self._connection()
+    def _transaction(self, batch: list[_Item]) -> tuple[list[Result], list[Mark]]:
+        """One try at committing ``batch``: each item's result (OutcomeUnknown for all when
+        nobody can tell) and the marks of the streams written. Raises _NotCommitted when the
+        batch certainly did not commit and may be sent again, and the DatabaseError the
+        database refused an item with."""
         began = time.monotonic()
         try:
+            conn = self._connection()
             with db.watched(conn, "appending a batch"):
                 conn.execute("BEGIN")
                 ids, data = [item.stream_id for item in batch], [item.data for item in batch]
@@ -204,23 +234,26 @@ class Appender:
                 if marks and conf.notify_mode() == "per_write":
                     conn.execute(NOTIFY_SQL, (conf.channel(), notify.pack(marks)))
         except psycopg.Error as exc:
-            self._after_failure(conn, exc)
-            if conn.broken or _retryable(exc):
-                raise _NotCommitted() from exc
-            raise
+            refused = _refused(exc, self._conn)
+            self._after_failure(self._conn)
+            if refused:
+                raise
+            raise _NotCommitted() from exc
         results = _results(batch, offsets, states, self.alias)
         try:
             with db.watched(conn, "committing an append batch"):
                 conn.execute("COMMIT")
         except psycopg.Error as exc:
-            self._after_failure(conn, exc)
+            if not conn.broken:  # the server answered: the transaction did not commit
+                self._after_failure(conn)
+                raise _NotCommitted() from exc
+            self._after_failure(conn)
             if not rows:
                 raise _NotCommitted() from exc  # it wrote nothing: sending it again is harmless
-            xid, pid = rows[0][2], rows[0][3]
-            committed = self._resolve(xid, pid, exc)
+            committed = self._resolve(rows[0], exc)
             if committed is None:
-                unknown = f"the connection failed while committing an append batch (transaction {xid}): {exc}"
-                return [_error(OutcomeUnknown, unknown, exc) for _ in batch]
+                unknown = f"the connection failed while committing an append batch (transaction {rows[0][2]}): {exc}"
+                return [_error(OutcomeUnknown, unknown, exc) for _ in batch], []
             if not committed:
                 raise _NotCommitted() from exc
             self.stats.resolved += 1
@@ -228,28 +261,39 @@ class Appender:
         self.stats.appended += len(batch)
         metrics.append_seconds.observe(time.monotonic() - began)
         metrics.append_batch.observe(len(batch))
-        writer.committed(conf.notify_mode(), marks, sum(isinstance(r, int) for r in results))
-        return results
+        return results, marks
 
-    def _resolve(self, xid: str, pid: int, failure: Exception) -> bool | None:
-        """Whether transaction ``xid``, whose commit got no answer, committed: True, False, or
-        None if no connection could tell within the retry budget. A transaction still in
-        progress (its backend has not noticed the lost client) is ended by ending its backend."""
+    def _resolve(self, row: tuple[Any, ...], failure: Exception) -> bool | None:
+        """Whether the batch of APPEND_SQL's ``row``, whose commit got no answer, committed:
+        True, False, or None if no connection could tell within the retry budget.
+
+        Committed means that the row's first chunk is there with the batch's transaction as its
+        inserter (``xmin``), a fact no later transaction can fake, even one that reuses the id
+        after a crash. Before concluding that it is not, a transaction still in progress (its
+        backend has not noticed the lost client) is ended by ending its backend."""
+        stream_id, base, xid, pid = row[:4]
         deadline = time.monotonic() + conf.connect_timeout() + conf.query_timeout()
         backoff = db.Backoff()
         while True:
             try:
                 conn = self._connection()
                 with db.watched(conn, "asking whether an append batch committed"):
-                    status = conn.execute(STATUS_SQL, [xid]).fetchone()[0]  # type: ignore[index]
-                    if status == "in progress":
+                    inserter = conn.execute(INSERTER_SQL, [stream_id, base]).fetchone()
+                    if inserter is not None and int(inserter[0]) == int(xid) % 2**32:
+                        committed = True
+                    elif _in_progress(conn, xid):
                         conn.execute(TERMINATE_SQL, [pid, int(conf.query_timeout() * 1000 / 2)])
-                        status = conn.execute(STATUS_SQL, [xid]).fetchone()[0]  # type: ignore[index]
-                if status in ("committed", "aborted"):
-                    logger.warning("pgstreams: an append batch's commit got no answer (%s); it %s", failure, status)
-                    return status == "committed"
-            except psycopg.Error as exc:
-                self._after_failure(self._conn, exc)
+                        continue  # ask again, now that it has ended
+                    else:
+                        committed = False
+                logger.warning(
+                    "pgstreams: an append batch's commit got no answer (%s); it %s",
+                    failure,
+                    "committed" if committed else "did not commit",
+                )
+                return committed
+            except psycopg.Error:
+                self._after_failure(self._conn)
             if time.monotonic() >= deadline:
                 return None
             time.sleep(backoff.next())
@@ -259,7 +303,7 @@ class Appender:
             self._conn = db.connect(self.alias, "appender")
         return self._conn
 
-    def _after_failure(self, conn: psycopg.Connection[Any] | None, exc: Exception) -> None:
+    def _after_failure(self, conn: psycopg.Connection[Any] | None) -> None:
         """Drop a connection that failed; roll back one that is still usable."""
         if conn is None:
             return
@@ -272,18 +316,19 @@ class Appender:
             self._close()
 
     def stop(self, timeout: float | None = None) -> None:
-        """Commit what is queued, then stop the thread. Appends still queued when it is gone
-        (it did not stop in time, or they came in late) fail with a StreamError."""
-        self._stop.set()
+        """Commit what is queued, then stop the thread; a later ``submit()`` raises StreamError.
+        Waits at most ``timeout`` seconds (by default a batch's retry budget and its resolution);
+        a thread still busy then is left behind, as a daemon, with a warning."""
+        with self._lock:
+            self._stopped = True
+            thread = self._thread
         self._wake.set()
-        thread = self._thread
         if thread is not None:
-            thread.join(conf.connect_timeout() + 2 * conf.query_timeout() + 1 if timeout is None else timeout)
+            budget = 2 * (conf.connect_timeout() + conf.query_timeout()) + conf.query_timeout() + 1
+            thread.join(budget if timeout is None else timeout)
             if thread.is_alive():
                 logger.warning("pgstreams: appender thread did not stop in time")
                 return
-        left = [self._queue.popleft() for _ in range(len(self._queue))]
-        _settle(left, [StreamError("the pgstreams appender of this process was stopped; append again") for _ in left])
         self._close()
 
     def _close(self) -> None:
@@ -295,9 +340,35 @@ class Appender:
                 pass
 
 
-def _retryable(exc: psycopg.Error) -> bool:
-    """A failure that says nothing about the batch itself: sending it again may succeed."""
-    return isinstance(exc, (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure))
+def _in_progress(conn: psycopg.Connection[Any], xid: str) -> bool:
+    """Whether transaction ``xid`` is still running. An id the server has not reached (it
+    restarted from a WAL that never saw it, or another server took over) is not."""
+    try:
+        return conn.execute(STATUS_SQL, [xid]).fetchone() == ("in progress",)
+    except psycopg.errors.InvalidParameterValue:
+        return False
+
+
+def _without_broken_chains(batch: list[_Item]) -> list[_Item]:
+    """``batch`` less the items of stream writers whose earlier item failed, which fail now."""
+    kept, broken, failures = [], [], []
+    for item in batch:
+        failure = item.chain.failure if item.chain is not None else None
+        if failure is None:
+            kept.append(item)
+        else:
+            broken.append(item)
+            failures.append(_error(StreamError, f"an earlier chunk of this writer failed: {failure}", failure))
+    if broken:
+        _settle(broken, failures)
+    return kept
+
+
+def _refused(exc: psycopg.Error, conn: psycopg.Connection[Any] | None) -> bool:
+    """Whether the database refused an item of the batch (a value it cannot take, a constraint
+    it breaks), on a connection that still works; anything else may pass when sent again."""
+    sqlstate = getattr(exc, "sqlstate", None) or ""
+    return conn is not None and not conn.broken and sqlstate[:2] in ("22", "23")
 
 
 def _error(kind: type[Exception], message: str, cause: BaseException) -> Exception:
@@ -329,10 +400,11 @@ def _results(batch: list[_Item], offsets: list[int | None], states: dict[uuid.UU
         sid = item.stream_id
         if offset is not None:
             results.append(offset)
-        elif sid in states:
-            closed_at = states[sid]
-            at = f" at {closed_at.isoformat()}" if closed_at else ""
-            results.append(StreamClosed(f"stream {sid} was closed{at}; create a new stream to write more"))
+        elif states.get(sid) is not None:
+            closed_at = states[sid].isoformat()
+            results.append(StreamClosed(f"stream {sid} was closed at {closed_at}; create a new stream to write more"))
+        elif sid in states:  # open, but not there when the batch's statement began
+            results.append(StreamError(f"stream {sid} was not visible to the append; append again"))
         else:
             results.append(StreamNotFound(f"no stream {sid} in database {alias!r}"))
     return results
@@ -342,6 +414,8 @@ def _settle(batch: list[_Item], results: list[Result]) -> None:
     """Hand each caller its result: thread futures at once, each event loop's in one callback."""
     by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Any, Result]]] = {}
     for item, result in zip(batch, results, strict=True):
+        if isinstance(result, BaseException) and item.chain is not None and item.chain.failure is None:
+            item.chain.failure = result
         if item.loop is None:
             _set(item.future, result)
         else:
@@ -429,6 +503,7 @@ class StreamWriter:
         self._alias = using or conf.database()
         self._pending: collections.deque[asyncio.Future[int]] = collections.deque()
         self._error: BaseException | None = None
+        self._chain = _Chain()
         self.sent = 0
 
     async def send(self, data: str) -> None:
@@ -442,9 +517,11 @@ class StreamWriter:
         if len(self._pending) >= WRITER_IN_FLIGHT:
             await asyncio.wait([self._pending[0]])
             self._collect()
+            if self._error is not None:
+                raise self._error
         loop = asyncio.get_running_loop()
         future: asyncio.Future[int] = loop.create_future()
-        appender(self._alias).submit(_Item(self.stream_id, data, future, loop))
+        appender(self._alias).submit(_Item(self.stream_id, data, future, loop, self._chain))
         self._pending.append(future)
         self.sent += 1
 

@@ -280,8 +280,8 @@ window_bytes: Setting[int] = Setting(
     16384,
     Rule(lambda v: _whole(v) and v >= 1024, "a whole number of bytes, 1024 or more"),
     "pgstreams.E020",
-    "the memory a process's listener keeps at most for the latest chunks of one followed stream (their data "
-    "plus about 200 bytes of bookkeeping each, but always the last page fetched); a reader behind them fetches "
+    "the memory a process's listener keeps at most for the latest chunks of one followed stream (their text as "
+    "Python stores it plus about 150 bytes each, but always the last page fetched); a reader behind them fetches "
     "its own pages",
 )
 

@@ -10,6 +10,7 @@ once it is known. Readers take chunks from the window; a reader behind it asks f
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import uuid
 from dataclasses import dataclass, field
@@ -18,9 +19,9 @@ from typing import Final
 from .exceptions import StreamError
 from .types import StreamChunk
 
-# What a chunk in a window costs beyond its data: the StreamChunk, its offset, its timestamp and
-# the str's header (about 215 bytes measured with sys.getsizeof for a short ASCII chunk).
-CHUNK_OVERHEAD: Final = 200
+# What a chunk in a window costs beyond its data's str: the StreamChunk, its offset and its
+# timestamp, and the list's slot (about 150 bytes by sys.getsizeof).
+CHUNK_OVERHEAD: Final = 150
 # Chunks handed to a reader at once.
 BATCH: Final = 256
 
@@ -109,5 +110,6 @@ class Tail:
 
 
 def size(chunk: StreamChunk) -> int:
-    """About what ``chunk`` costs in a window, in bytes."""
-    return len(chunk.data) + CHUNK_OVERHEAD
+    """About what ``chunk`` costs in a window, in bytes (its text as Python stores it: 1, 2 or 4
+    bytes a character, and a header)."""
+    return sys.getsizeof(chunk.data) + CHUNK_OVERHEAD

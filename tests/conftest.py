@@ -26,8 +26,8 @@ def _stop_background_threads(django_db_setup: None, django_db_blocker) -> Iterat
     run made one: a run of tests that need no database, such as tests/unit, connects to none)."""
     yield
     listener.stop_listener()
+    appender.stop_appenders()  # before the flusher: its last batch announces through it
     notify.stop_flusher()
-    appender.stop_appenders()
     if not connection.settings_dict["NAME"].startswith(TEST_DATABASE_PREFIX):
         return
     # Django connections left open in other threads (pgstreams' pools) would block the drop.

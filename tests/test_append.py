@@ -226,18 +226,42 @@ def test_notifications_go_out_once_per_batch() -> None:
 
 
 def test_a_commit_without_answer_is_resolved_by_asking_the_database() -> None:
-    """The resolution itself, on real transactions: committed, rolled back, and one still in
-    progress on a live backend, which is ended first."""
+    """The resolution itself, on real batches run by another connection: committed, rolled
+    back, and one still in progress on a live backend, which is ended first."""
+    s = pgstreams.create_stream()
     target = appender.appender(conf.database())
-    kwargs = db.connect_kwargs(conf.database(), "test")
-    with psycopg.connect(**kwargs) as other:
+    batch = {"ids": [s.id], "data": ["x"], "level": None}
+    with psycopg.connect(**db.connect_kwargs(conf.database(), "test")) as other:
         for outcome in ("COMMIT", "ROLLBACK"):
             other.execute("BEGIN")
-            xid, pid = other.execute("SELECT pg_current_xact_id()::text, pg_backend_pid()").fetchone()
+            row = other.execute(appender.APPEND_SQL, batch).fetchone()
             other.execute(outcome)
-            assert target._resolve(xid, pid, RuntimeError("lost")) is (outcome == "COMMIT")
+            assert target._resolve(row, RuntimeError("lost")) is (outcome == "COMMIT")
         other.execute("BEGIN")
-        xid, pid = other.execute("SELECT pg_current_xact_id()::text, pg_backend_pid()").fetchone()
-        assert target._resolve(xid, pid, RuntimeError("lost")) is False  # it ended the backend
+        row = other.execute(appender.APPEND_SQL, batch).fetchone()
+        assert target._resolve(row, RuntimeError("lost")) is False  # it ended the backend
         with pytest.raises(psycopg.OperationalError):
             other.execute("SELECT 1")
+    assert stored(s) == [(0, "x")]
+
+
+def test_once_a_stream_writers_chunk_fails_its_later_chunks_fail_unsent() -> None:
+    """A refused chunk in the middle of what a writer has in flight: the chunks sent after it
+    are not committed after it, so the stream never has a hole behind a later chunk."""
+    s = pgstreams.create_stream()
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE pgstreams_chunk ADD CONSTRAINT test_no_poison CHECK (data <> 'poison') NOT VALID")
+    try:
+
+        async def generate() -> None:
+            async with pgstreams.stream_writer(s.id) as w:
+                for data in ("a", "b", "poison", "c", "d", "e"):
+                    await w.send(data)
+
+        with override_settings(PGSTREAMS={"APPEND_INTERVAL": 0.05}), pytest.raises(pgstreams.StreamError) as raised:
+            asyncio.run(generate())
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE pgstreams_chunk DROP CONSTRAINT test_no_poison")
+    assert "test_no_poison" in str(raised.value)
+    assert stored(s) == [(0, "a"), (1, "b")]

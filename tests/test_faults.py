@@ -115,6 +115,55 @@ def test_the_server_stopped_and_started_mid_stream_loses_nothing(spawn) -> None:
     print(f"restart: {len(errors)} write(s) cut off and retried; readers complete {catch_up:.2f} s after the start")
 
 
+def test_appends_through_a_server_restart_wait_for_it_and_commit_once() -> None:
+    """The server stopped for 1 s while 20 tasks append: the batches that could not connect or
+    commit are sent again once it is back, within the retry budget; none is split as if an item
+    had been refused, and every stream holds exactly what its callers were told."""
+    from pgstreams import appender
+
+    server = Server()
+    if server.why_not:
+        pytest.skip(server.why_not)
+    appender.stop_appenders()
+    streams = [pgstreams.create_stream().id for _ in range(20)]
+    told: dict[int, list[str]] = {k: [] for k in range(20)}
+    errors: list[BaseException] = []
+
+    async def appends(k: int) -> None:
+        for i in range(100):
+            try:
+                await pgstreams.aappend(streams[k], f"{k}-{i}")
+                told[k].append(f"{k}-{i}")
+            except pgstreams.StreamError as exc:
+                errors.append(exc)
+            await asyncio.sleep(0.02)
+
+    def restart() -> None:
+        time.sleep(0.5)
+        server.stop()
+        time.sleep(1.0)
+        server.start()
+
+    before = appender.appender("default").stats.snapshot()
+    thread = threading.Thread(target=restart)
+    thread.start()
+
+    async def load() -> None:
+        await asyncio.gather(*(appends(k) for k in range(20)))
+
+    try:
+        asyncio.run(load())
+    finally:
+        thread.join(120)
+        _forget_dead_connections()
+    stats = appender.appender("default").stats - before
+    appender.stop_appenders()
+    print(f"restart: {stats.retries} batch(es) sent again, {stats.resolved} resolved, {len(errors)} errors")
+    assert errors == [] and stats.splits == 0 and stats.retries >= 1
+    for k, sid in enumerate(streams):
+        assert committed(sid) == list(enumerate(told[k])) and len(told[k]) == 100
+
+
 @pytest.mark.usefixtures("fresh_listener")
 def test_a_failing_flusher_drops_counts_and_polling_delivers(spawn) -> None:
     s = pgstreams.create_stream()

@@ -61,7 +61,7 @@ def test_a_page_that_does_not_reach_the_windows_end_changes_nothing() -> None:
 
 
 def test_the_window_is_trimmed_to_its_byte_budget_from_the_front_but_keeps_the_last_page() -> None:
-    per_chunk = window.CHUNK_OVERHEAD + 1
+    per_chunk = window.size(chunks(0, 1)[0])
     fits = 10 * per_chunk
     tail = Tail(SID)
     tail.merge(0, page(0, 8), fits)
