@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .procs import Boot, setup
+from .procs import Boot, follow, setup
 
 METHODS = ("aappend", "stream_writer", "awrite")
 APPEND_METHODS = ("aappend", "stream_writer")  # the methods that go through the appender
@@ -224,7 +224,7 @@ async def _read_all(stream_ids: list[str], channels: tuple[Any, ...], slot: int)
 
     ready, stop, progress = channels
     result = TokenReaderResult(pid=os.getpid())
-    tasks = [asyncio.create_task(_follow(result, i, sid)) for i, sid in enumerate(stream_ids)]
+    tasks = [asyncio.create_task(follow(result, i, sid)) for i, sid in enumerate(stream_ids)]
     hub = listener.get_listener()
     await _until_listening(hub)
     before = hub.stats.snapshot()
@@ -252,23 +252,6 @@ def _unfollowed_cost(hub: Any, payloads: int = 200) -> float:
     for _ in range(payloads):
         hub.hear(payload)
     return round(1e6 * (hub.stats.hear_seconds - before) / (hub.stats.entries - entries), 3)
-
-
-async def _follow(result: TokenReaderResult, index: int, sid: str) -> None:
-    import pgstreams
-
-    expected = 0
-    async for chunk in pgstreams.aread(sid):
-        now = time.monotonic()
-        if chunk.offset < expected:
-            result.duplicates += 1
-            continue
-        if chunk.offset > expected:
-            result.out_of_order += 1
-        expected = chunk.offset + 1
-        result.stream.append(index)
-        result.offset.append(chunk.offset)
-        result.received.append(now)
 
 
 async def _until_listening(hub: Any, timeout: float = 30.0) -> None:

@@ -153,28 +153,32 @@ def reader(boot: Boot, stream_ids: list[str], fanout: int, timeout: float, ready
     results.put(("reader", result))
 
 
-async def _read_all(boot: Boot, stream_ids: list[str], fanout: int, timeout: float, ready: Any) -> ReaderResult:
+async def follow(result: Any, index: int, sid: str) -> None:
+    """Read stream ``sid`` with aread() to its end, recording in ``result`` (a ReaderResult or
+    the like) when each chunk arrived under ``index``; duplicates and chunks out of order are
+    counted, never recorded."""
     import pgstreams
+
+    expected = 0
+    async for chunk in pgstreams.aread(sid):
+        now = time.monotonic()
+        if chunk.offset < expected:
+            result.duplicates += 1
+            continue
+        if chunk.offset > expected:
+            result.out_of_order += 1
+        expected = chunk.offset + 1
+        result.stream.append(index)
+        result.offset.append(chunk.offset)
+        result.received.append(now)
+
+
+async def _read_all(boot: Boot, stream_ids: list[str], fanout: int, timeout: float, ready: Any) -> ReaderResult:
     from pgstreams import listener
 
     result = ReaderResult(pid=os.getpid())
     started = time.monotonic()
-
-    async def follow(index: int, sid: str) -> None:
-        expected = 0
-        async for chunk in pgstreams.aread(sid):
-            now = time.monotonic()
-            if chunk.offset < expected:
-                result.duplicates += 1
-                continue
-            if chunk.offset > expected:
-                result.out_of_order += 1
-            expected = chunk.offset + 1
-            result.stream.append(index)
-            result.offset.append(chunk.offset)
-            result.received.append(now)
-
-    tasks = [asyncio.create_task(follow(i, sid)) for i, sid in enumerate(stream_ids) for _ in range(fanout)]
+    tasks = [asyncio.create_task(follow(result, i, sid)) for i, sid in enumerate(stream_ids) for _ in range(fanout)]
     hub = listener.get_listener()
     while not hub.listening.is_set() and time.monotonic() - started < 30:
         await asyncio.sleep(0.01)
@@ -284,7 +288,7 @@ async def _ws_follow_all(
     opened = asyncio.Event()
     pending = len(assigned)
 
-    async def follow(index: int) -> None:
+    async def follow_socket(index: int) -> None:
         nonlocal pending
         expected = 0
         url = f"{base}/ws/pgstreams/{stream_ids[index]}/?from=0"
@@ -316,7 +320,7 @@ async def _ws_follow_all(
                 await acks.read(message["frame"], len(message["items"]))
             result.errors.append(f"closed without an end frame (code {ws.close_code}) after offset {expected - 1}")
 
-    tasks = [asyncio.create_task(follow(i)) for i in assigned]
+    tasks = [asyncio.create_task(follow_socket(i)) for i in assigned]
     try:
         await asyncio.wait_for(opened.wait(), 60)
     finally:
