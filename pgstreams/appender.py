@@ -29,6 +29,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Final
 
@@ -410,7 +411,7 @@ def _results(batch: list[_Item], offsets: list[int | None], states: dict[uuid.UU
     return results
 
 
-def _settle(batch: list[_Item], results: list[Result]) -> None:
+def _settle(batch: list[_Item], results: Sequence[Result]) -> None:
     """Hand each caller its result: thread futures at once, each event loop's in one callback."""
     by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Any, Result]]] = {}
     for item, result in zip(batch, results, strict=True):

@@ -15,7 +15,7 @@ LISTEN_CHECK_INTERVAL is checked with a query, so a connection whose peer vanish
 within seconds. This module does not write to the database and does not know about the
 notification buffer.
 
-About 430 lines, over the project's 350: what is left is one class whose parts (the readers'
+About 460 lines, over the project's 350: what is left is one class whose parts (the readers'
 side, the three loops, delivery) all act on the same tails under one lock; the window
 arithmetic is in window.py, the queries in fetch.py, the readers' steps in waits.py.
 """
@@ -148,7 +148,7 @@ class Listener:
         with self._lock:
             for entry in entries:
                 tail = self._followed.get(entry[:32])
-                if tail is not None and (mark := notify.decode_entry(entry, tail.stream_id)) is not None:
+                if tail is not None and entry[32:33] == ":" and (mark := notify.decode_entry(entry, tail.stream_id)):
                     self._advance(tail, mark)
         self.stats.notifications += 1
         self.stats.entries += len(entries)

@@ -394,3 +394,17 @@ async def test_timeout_counts_only_the_wait_for_chunks_in_aread_too() -> None:
         got.append(chunk.data)
         await asyncio.sleep(0.3)
     assert got == ["a", "b"]
+
+
+@pytest.mark.usefixtures("fresh_listener")
+def test_the_listener_takes_only_well_formed_entries_of_the_streams_it_follows() -> None:
+    s, other = pgstreams.create_stream(), pgstreams.create_stream()
+    hub = listener.get_listener()
+    tail = hub.attach(s.id)
+    try:
+        hub.hear(f"{s.id.hex}x:7,{s.id.hex.upper()}:8,{other.id.hex}:9,nonsense")
+        assert tail.hint == 0  # its id followed by more, or in capitals, is not its entry
+        hub.hear(f"{other.id.hex}:9,{s.id.hex}:7:c")
+        assert (tail.hint, tail.close_hinted) == (7, True)
+    finally:
+        hub.detach(tail)
