@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .procs import Boot, follow, setup
+from .procs import Arrivals, Boot, follow, setup
 
 METHODS = ("aappend", "stream_writer", "awrite")
 APPEND_METHODS = ("aappend", "stream_writer")  # the methods that go through the appender
@@ -197,13 +197,8 @@ async def _count(counted: Any, progress: Any, slot: int) -> None:
 
 
 @dataclass
-class TokenReaderResult:
+class TokenReaderResult(Arrivals):
     pid: int = 0
-    stream: array = field(default_factory=lambda: array("i"))  # index into the coordinator's list
-    offset: array = field(default_factory=lambda: array("q"))
-    received: array = field(default_factory=lambda: array("d"))
-    duplicates: int = 0
-    out_of_order: int = 0
     unfinished: int = 0  # streams still being read when the drain ended
     peak_rss: int = 0  # bytes
     listener: dict[str, Any] = field(default_factory=dict)  # ListenerStats over the run

@@ -130,13 +130,34 @@ def writer(
 
 
 @dataclass
-class ReaderResult:
-    pid: int = 0
-    stream: array = field(default_factory=lambda: array("i"))  # index into the coordinator's list
+class Arrivals:
+    """When each chunk reached a reader: its stream (an index into the coordinator's list),
+    offset and time, in arrival order. Duplicates and chunks out of order are counted, never
+    recorded."""
+
+    stream: array = field(default_factory=lambda: array("i"))
     offset: array = field(default_factory=lambda: array("q"))
     received: array = field(default_factory=lambda: array("d"))
     duplicates: int = 0
     out_of_order: int = 0
+
+    def record(self, index: int, offset: int, expected: int, at: float) -> int:
+        """Note chunk ``offset`` of stream ``index`` arriving ``at``, when ``expected`` was the
+        next offset due; return the next offset due after it."""
+        if offset < expected:
+            self.duplicates += 1
+            return expected
+        if offset > expected:
+            self.out_of_order += 1
+        self.stream.append(index)
+        self.offset.append(offset)
+        self.received.append(at)
+        return offset + 1
+
+
+@dataclass
+class ReaderResult(Arrivals):
+    pid: int = 0
     backends: int = 0
     polls: int = 0
     fetches: int = 0
@@ -153,24 +174,13 @@ def reader(boot: Boot, stream_ids: list[str], fanout: int, timeout: float, ready
     results.put(("reader", result))
 
 
-async def follow(result: Any, index: int, sid: str) -> None:
-    """Read stream ``sid`` with aread() to its end, recording in ``result`` (a ReaderResult or
-    the like) when each chunk arrived under ``index``; duplicates and chunks out of order are
-    counted, never recorded."""
+async def follow(result: Arrivals, index: int, sid: str) -> None:
+    """Read stream ``sid`` with aread() to its end, recording its arrivals under ``index``."""
     import pgstreams
 
     expected = 0
     async for chunk in pgstreams.aread(sid):
-        now = time.monotonic()
-        if chunk.offset < expected:
-            result.duplicates += 1
-            continue
-        if chunk.offset > expected:
-            result.out_of_order += 1
-        expected = chunk.offset + 1
-        result.stream.append(index)
-        result.offset.append(chunk.offset)
-        result.received.append(now)
+        expected = result.record(index, chunk.offset, expected, time.monotonic())
 
 
 async def _read_all(boot: Boot, stream_ids: list[str], fanout: int, timeout: float, ready: Any) -> ReaderResult:
@@ -223,12 +233,7 @@ def server(boot: Boot, port: int) -> None:
 
 
 @dataclass
-class ClientResult:
-    stream: array = field(default_factory=lambda: array("i"))
-    offset: array = field(default_factory=lambda: array("q"))
-    received: array = field(default_factory=lambda: array("d"))
-    duplicates: int = 0
-    out_of_order: int = 0
+class ClientResult(Arrivals):
     errors: list[str] = field(default_factory=list)
 
 
@@ -308,15 +313,7 @@ async def _ws_follow_all(
                     result.errors.append(str(message))
                     return
                 for item in message["items"]:
-                    if item["offset"] < expected:
-                        result.duplicates += 1
-                        continue
-                    if item["offset"] > expected:
-                        result.out_of_order += 1
-                    expected = item["offset"] + 1
-                    result.stream.append(index)
-                    result.offset.append(item["offset"])
-                    result.received.append(now)
+                    expected = result.record(index, item["offset"], expected, now)
                 await acks.read(message["frame"], len(message["items"]))
             result.errors.append(f"closed without an end frame (code {ws.close_code}) after offset {expected - 1}")
 

@@ -25,7 +25,12 @@ class Command(BaseCommand):
         parser.add_argument("--writers", type=int, default=32, help="concurrent writing connections")
         parser.add_argument("--writer-processes", type=int, default=0, help="processes they run in (0: one per CPU)")
         parser.add_argument("--streams-per-writer", type=int, default=1)
-        parser.add_argument("--readers", type=int, default=None, help="reader processes (default 2; 1 with --llm)")
+        parser.add_argument(
+            "--readers",
+            type=int,
+            default=None,
+            help="reader processes (default 2; 1 with --llm, where 0 measures the write path alone)",
+        )
         parser.add_argument("--fanout", type=int, default=1, help="readers of every stream in each reader process")
         parser.add_argument("--duration", type=float, default=10.0, help="seconds of writing per mode")
         parser.add_argument("--rate", type=float, default=None, help="writes/s in total (default: flat out)")
@@ -120,11 +125,8 @@ class Command(BaseCommand):
             raise CommandError(f"--methods must be some of {', '.join(METHODS)}, separated by commas")
         if o["find_max"] and not set(methods) & set(APPEND_METHODS):
             raise CommandError(f"--find-max needs an append method in --methods: {', '.join(APPEND_METHODS)}")
-        if o["streams"] < 1 or o["readers"] < 0 or o["tokens_per_second"] <= 0:
-            raise CommandError(
-                "--streams must be at least 1, --readers at least 0 (0: the write path alone), "
-                "--tokens-per-second positive"
-            )
+        if o["streams"] < 1 or o["tokens_per_second"] <= 0:
+            raise CommandError("--streams must be at least 1 and --tokens-per-second positive")
         config = LlmConfig(
             methods=methods,
             streams=o["streams"],
