@@ -335,10 +335,7 @@ class Appender:
     def _close(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
-            try:
-                conn.close()
-            except Exception:  # closing a broken connection may fail; nothing to do
-                pass
+            db.close_blocking_quietly(conn)
 
 
 def _in_progress(conn: psycopg.Connection[Any], xid: str) -> bool:

@@ -227,7 +227,8 @@ connect_timeout: Setting[int] = Setting(
     5,
     Rule(lambda v: _whole(v) and v >= 2, "a whole number of seconds, 2 or more (libpq's connect_timeout)"),
     "pgstreams.E014",
-    "seconds (a whole number, 2 or more) to open one of pgstreams' own connections (listener, fetcher, flusher)",
+    "seconds (a whole number, 2 or more) to open one of pgstreams' own connections (listener, fetcher, flusher, "
+    "appender)",
 )
 query_timeout: Setting[float] = Setting(
     "QUERY_TIMEOUT",

@@ -1,4 +1,4 @@
-"""Connections of pgstreams' own (listener, fetcher, flusher), made from a Django database alias,
+"""Connections of pgstreams' own (listener, fetcher, flusher, appender), made from a Django alias,
 and the limits that keep a dead or silent peer from holding them: a connect timeout, TCP
 keepalives and ``tcp_user_timeout``, and a deadline on every query (``deadline()`` in async
 code; ``watched()`` for a blocking connection, enforced by a watchdog thread).
@@ -33,8 +33,8 @@ _DJANGO_ONLY = ("cursor_factory", "context")
 def connect_kwargs(alias: str, role: str) -> dict[str, Any]:
     """psycopg.connect() arguments for ``alias``, in autocommit, named for pg_stat_activity.
 
-    ``role`` ("listener", "fetcher", "flusher") goes into ``application_name`` with the pid, so
-    an operator can see which process holds which backend.
+    ``role`` ("listener", "fetcher", "flusher", "appender") goes into ``application_name`` with
+    the pid, so an operator can see which process holds which backend.
     """
     wrapper = connections[alias]
     if wrapper.vendor != "postgresql":
@@ -110,6 +110,12 @@ async def close_quietly(conn: psycopg.AsyncConnection[Any]) -> None:
     """Close a connection that may be broken already; nothing to report either way."""
     with contextlib.suppress(Exception):
         await conn.close()
+
+
+def close_blocking_quietly(conn: psycopg.Connection[Any]) -> None:
+    """``close_quietly()`` for a blocking connection (the flusher's, the appender's)."""
+    with contextlib.suppress(Exception):
+        conn.close()
 
 
 class QueryTimeout(psycopg.OperationalError):

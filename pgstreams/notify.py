@@ -191,10 +191,7 @@ class Flusher:
     def _close(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
-            try:
-                conn.close()
-            except Exception:  # closing a broken connection may fail; nothing to do
-                pass
+            db.close_blocking_quietly(conn)
 
 
 _flushers: PerProcess[Flusher] = PerProcess(Flusher, Flusher.stop)
