@@ -58,6 +58,12 @@ DATABASES = {"default": default_database()}
 CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 PGSTREAMS = {}
+# The Durable Streams endpoint (pgstreams/v1/stream/<path>) refuses every write by default. The
+# conformance suite and the official client's test set DEMO_OPEN_DURABLE_STREAMS=1, which opens it
+# to anyone, and shorten its long-polls so that the suite's timeouts test them.
+if os.environ.get("DEMO_OPEN_DURABLE_STREAMS") == "1":
+    PGSTREAMS["DURABLE_AUTHORIZE"] = "demo_project.chat.durable.allow_everything"
+    PGSTREAMS["LONG_POLL_TIMEOUT"] = float(os.environ.get("DEMO_LONG_POLL_TIMEOUT", "2"))
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

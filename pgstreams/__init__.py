@@ -17,6 +17,8 @@ from .exceptions import (
     ChunkTooLarge,
     InvalidChunk,
     OutcomeUnknown,
+    ProducerFenced,
+    ProducerGap,
     ReadTimeout,
     StreamClosed,
     StreamError,
@@ -26,12 +28,13 @@ from .exceptions import (
 if TYPE_CHECKING:
     from .appender import aappend, append, stream_writer
     from .reader import aread, read
-    from .types import StreamChunk
+    from .types import Producer, StreamChunk
     from .writer import aclose, acreate_stream, awrite, awrite_many, close, create_stream, write, write_many
 
 _LAZY = {
     **dict.fromkeys(["append", "aappend", "stream_writer"], "appender"),
     "StreamChunk": "types",
+    "Producer": "types",
     "read": "reader",
     "aread": "reader",
     **dict.fromkeys(
@@ -45,6 +48,9 @@ __all__ = [
     "ChunkTooLarge",
     "InvalidChunk",
     "OutcomeUnknown",
+    "Producer",
+    "ProducerFenced",
+    "ProducerGap",
     "ReadTimeout",
     "StreamChunk",
     "StreamClosed",

@@ -9,6 +9,7 @@ from typing import Any
 from django.contrib import admin, messages
 from django.db import connections
 from django.db.models import OuterRef, QuerySet, Subquery
+from django.db.models.functions import Length
 from django.http import HttpRequest, HttpResponse
 
 import pgstreams
@@ -39,15 +40,30 @@ class StateFilter(admin.SimpleListFilter):
 
 @admin.register(Stream)
 class StreamAdmin(admin.ModelAdmin):
-    list_display = ("id", "label", "owner", "state", "chunk_count", "created_at", "last_write")
+    list_display = ("id", "label", "path", "owner", "state", "chunk_count", "created_at", "last_write")
     list_filter = (StateFilter, "created_at", "closed_at")
-    search_fields = ("id", "label", "owner__username")
+    search_fields = ("id", "label", "path", "owner__username")
     list_select_related = ("owner",)
     ordering = ("-created_at",)
     date_hierarchy = "created_at"
     show_full_result_count = False  # no second COUNT(*) over the whole table
     actions = ["close_streams", "delete_selected"]
-    readonly_fields = ("id", "state", "owner", "label", "created_at", "closed_at", "next_offset", "metadata")
+    readonly_fields = (
+        "id",
+        "state",
+        "owner",
+        "label",
+        "created_at",
+        "closed_at",
+        "next_offset",
+        "metadata",
+        "path",
+        "content_type",
+        "ttl",
+        "expires_at",
+        "forked_from",
+        "deleted_at",
+    )
     fields = readonly_fields
     change_form_template = "admin/pgstreams/stream/change_form.html"
 
@@ -106,12 +122,12 @@ class StreamAdmin(admin.ModelAdmin):
         chunks = Chunk.objects.filter(stream=stream, offset__gte=first, offset__lt=first + CHUNKS_PER_PAGE)
         return {
             "preview": _preview(stream),
-            "chunks": chunks.order_by("offset").values_list("offset", "data", "created_at"),
+            "chunks": chunks.order_by("offset").values_list("offset", "data", Length("blob"), "created_at"),
             "chunks_page": page,
             "chunks_pages": pages,
             "chunks_previous": page - 1 if page > 1 else None,
             "chunks_next": page + 1 if page < pages else None,
-            "live_tail": stream.closed_at is None,
+            "live_tail": stream.closed_at is None and stream.holds_text,
             "stream": stream,
             "show_save": False,  # every field is read-only
             "show_save_and_continue": False,
@@ -131,7 +147,9 @@ WHERE before < %(limit)s ORDER BY "offset"
 
 def _preview(stream: Stream) -> dict[str, Any]:
     """The stream's text from the start: up to PREVIEW_BYTES of UTF-8 from at most
-    PREVIEW_CHUNKS chunks, in one query."""
+    PREVIEW_CHUNKS chunks, in one query (none for a stream of bytes)."""
+    if not stream.holds_text:
+        return {"text": f"({stream.content_type}: bytes, listed by chunk below)", "cut": False}
     with connections[stream._state.db or conf.database()].cursor() as cursor:
         cursor.execute(_PREVIEW_SQL, {"stream": stream.id, "chunks": PREVIEW_CHUNKS, "limit": PREVIEW_BYTES})
         parts = [data for (data,) in cursor.fetchall()]

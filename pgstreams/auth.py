@@ -1,5 +1,6 @@
-"""Who may read a stream: the default rule for ``PGSTREAMS['AUTHORIZE']``, and the one lookup
-that the WebSocket consumer and the SSE view both go through."""
+"""Who may read a stream: the default rules for ``PGSTREAMS['AUTHORIZE']`` and
+``PGSTREAMS['DURABLE_AUTHORIZE']``, and the one lookup that the WebSocket consumer and the SSE view
+both go through."""
 
 from __future__ import annotations
 
@@ -29,6 +30,13 @@ def default_authorize(user: Any, stream: Stream) -> bool:
     if user is None or not user.is_authenticated or not user.is_active:
         return False
     return user.pk == stream.owner_id or may_view_all(user)
+
+
+def default_durable_authorize(request: Any, action: str, path: str, stream: Stream | None) -> bool:
+    """At the Durable Streams endpoint: reading (GET, HEAD, and the source of a fork) as
+    ``AUTHORIZE`` says; creating, appending, closing and deleting never, until a project's own
+    rule allows them."""
+    return action == "read" and stream is not None and conf.authorize()(request.user, stream)
 
 
 def _readable_stream(user: Any, stream_id: uuid.UUID) -> Stream:

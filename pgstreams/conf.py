@@ -287,6 +287,24 @@ window_bytes: Setting[int] = Setting(
 )
 
 
+_durable_authorize: Setting[str] = Setting(
+    "DURABLE_AUTHORIZE",
+    "pgstreams.auth.default_durable_authorize",
+    Rule(_importable, "the dotted path of a callable(request, action, path, stream) -> bool"),
+    "pgstreams.E021",
+    "who may create, append to, close, delete or read a stream at the Durable Streams endpoint (see "
+    "[Durable Streams](#durable-streams)); by default reads follow `AUTHORIZE` and everything else is refused",
+)
+long_poll_timeout: Setting[float] = Setting(
+    "LONG_POLL_TIMEOUT",
+    20.0,
+    SECONDS,
+    "pgstreams.E022",
+    "seconds a Durable Streams long-poll waits for data before it answers `204 No Content`",
+    float,
+)
+
+
 def listen_database() -> str:
     """The alias of the listener's LISTEN connection: LISTEN_DATABASE, else DATABASE."""
     return listen_database_setting() or database()
@@ -300,3 +318,8 @@ def read_database() -> str:
 def authorize() -> Callable[[Any, Any], bool]:
     """The AUTHORIZE callable, imported at each call (so patching it takes effect)."""
     return import_string(_authorize())
+
+
+def durable_authorize() -> Callable[[Any, str, str, Any], bool]:
+    """The DURABLE_AUTHORIZE callable, imported at each call."""
+    return import_string(_durable_authorize())

@@ -23,6 +23,27 @@ class InvalidChunk(StreamError, ValueError):
     """A chunk holds text that Postgres cannot store (a NUL character)."""
 
 
+class ProducerFenced(StreamError):
+    """An idempotent producer wrote with an older epoch than the stream has seen from its id:
+    another instance of it has taken over. ``epoch`` is the current one."""
+
+    def __init__(self, producer_id: str, epoch: int, current: int) -> None:
+        super().__init__(
+            f"producer {producer_id!r} wrote with epoch {epoch}, but the stream has epoch {current} from it: "
+            "another instance took over; start a new epoch only if this one should win"
+        )
+        self.epoch = current
+
+
+class ProducerGap(StreamError):
+    """An idempotent producer skipped sequence numbers: ``expected`` is the one the stream waits
+    for (a batch before this one was never written; send it first)."""
+
+    def __init__(self, producer_id: str, seq: int, expected: int) -> None:
+        super().__init__(f"producer {producer_id!r} sent seq {seq}, but the stream expects seq {expected} next")
+        self.expected = expected
+
+
 class OutcomeUnknown(StreamError):
     """An append's commit got no answer, and the database could not be asked in time whether it
     committed: the chunk may or may not be in the stream."""

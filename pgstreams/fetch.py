@@ -34,11 +34,11 @@ FETCH_KEYS: Final = 256
 # next_offset is N" and "every chunk below N is here" are seen together. The arrays go in binary
 # (%b): a thousand ids cost a copy, not a thousand quoted strings.
 FETCH_SQL = """
-SELECT w.i, s.next_offset, s.closed_at IS NOT NULL, c."offset", c.data, c.created_at
+SELECT w.i, s.next_offset, s.closed_at IS NOT NULL, c."offset", c.data, c.blob, c.created_at
 FROM unnest(%b::uuid[], %b::bigint[]) WITH ORDINALITY AS w(stream_id, from_offset, i)
 LEFT JOIN pgstreams_stream AS s ON s.id = w.stream_id
 LEFT JOIN LATERAL (
-    SELECT k."offset", k.data, k.created_at
+    SELECT k."offset", k.data, k.blob, k.created_at
     FROM pgstreams_chunk AS k
     WHERE k.stream_id = w.stream_id AND k."offset" >= w.from_offset
     ORDER BY k."offset"
@@ -141,7 +141,7 @@ def pages_from_rows(keys: list[Key], rows: list[tuple[Any, ...]]) -> dict[Key, P
     at a gap; a page whose first offset is gone though the stream is past it says where reading
     can resume (``pruned_to``)."""
     pages: dict[Key, Page] = {}
-    for i, next_offset, closed, offset, data, created_at in rows:
+    for i, next_offset, closed, offset, data, blob, created_at in rows:
         key = keys[i - 1]
         page = pages.get(key)
         if page is None:
@@ -149,7 +149,7 @@ def pages_from_rows(keys: list[Key], rows: list[tuple[Any, ...]]) -> dict[Key, P
         if offset is None or page.pruned_to is not None:
             continue
         if offset == key[1] + len(page.chunks):
-            page.chunks.append(StreamChunk(key[0], offset, data, created_at))
+            page.chunks.append(StreamChunk(key[0], offset, blob if data is None else data, created_at))
         elif not page.chunks:
             page.pruned_to = offset  # offsets are the truth: never hand a chunk out under another
     for (_, from_offset), page in pages.items():

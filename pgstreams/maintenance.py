@@ -1,5 +1,6 @@
-"""Maintenance of stored streams: pruning closed ones in batches, and the figures of
-``pgstreams_stats``. The management commands are thin wrappers over these functions.
+"""Maintenance of stored streams: pruning closed ones in batches, removing those whose Durable
+Streams expiry has passed, and the figures of ``pgstreams_stats``. The management commands are
+thin wrappers over these functions.
 
 Pruning never touches an open stream, and each batch is one short transaction: a stream's
 ``next_offset`` is its number of chunks, so batches are sized without counting rows, and a stream
@@ -99,6 +100,27 @@ def prune(
         done.chunks += sum(n for (n,) in deleted)
         if progress:
             progress(done)
+
+
+def expired(using: str | None = None) -> int:
+    """How many streams' Durable Streams expiry has passed."""
+    from .durable.store import EXPIRED_WHERE
+
+    with connections[using or conf.database()].cursor() as cursor:
+        cursor.execute(f"SELECT count(*) FROM pgstreams_stream WHERE {EXPIRED_WHERE}", {"now": timezone.now()})
+        return int(cursor.fetchone()[0])
+
+
+def prune_expired(*, using: str | None = None, batch: int = 100) -> int:
+    """Remove every stream whose Durable Streams expiry (TTL or Expires-At) has passed, ``batch``
+    streams at a time; returns how many. Requests remove such streams too, when they meet them."""
+    from .durable.store import remove_expired  # not at import: models load after this module
+
+    alias = using or conf.database()
+    removed = 0
+    while (done := remove_expired(alias, batch)) > 0:
+        removed += done
+    return removed
 
 
 def _delete_chunks_in_slices(alias: str, stream_id: Any, count: int, batch: int) -> None:

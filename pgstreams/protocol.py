@@ -4,6 +4,7 @@ frames and events. Imports neither Channels nor views; sends nothing."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from typing import Any, Final
@@ -54,12 +55,19 @@ def frame_items(chunks: list[StreamChunk], max_items: int, max_bytes: int) -> li
     items: list[str] = []
     size = -1  # n items take n - 1 commas
     for chunk in chunks:
-        item = f'{{"offset":{chunk.offset},"data":{json.dumps(chunk.data, ensure_ascii=False)}}}'
+        item = f'{{"offset":{chunk.offset},{_data(chunk.data)}}}'
         size += len(item.encode()) + 1
         if items and (len(items) >= max_items or size > max_bytes):
             break
         items.append(item)
     return items
+
+
+def _data(data: str | bytes) -> str:
+    """A chunk's data as JSON members: its text, or its bytes in base64 with ``"encoding"``."""
+    if isinstance(data, bytes):
+        return f'"data":"{base64.b64encode(data).decode()}","encoding":"base64"'
+    return f'"data":{json.dumps(data, ensure_ascii=False)}'
 
 
 def end_frame(next_offset: int) -> dict[str, Any]:
@@ -72,8 +80,7 @@ def error_frame(code: int, message: str, **details: Any) -> dict[str, Any]:
 
 def sse_chunk(chunk: StreamChunk) -> bytes:
     """One chunk as an SSE event: ``id`` its offset, the data as JSON (so newlines survive)."""
-    body = json.dumps({"offset": chunk.offset, "data": chunk.data}, ensure_ascii=False)
-    return f"id: {chunk.offset}\ndata: {body}\n\n".encode()
+    return f'id: {chunk.offset}\ndata: {{"offset":{chunk.offset},{_data(chunk.data)}}}\n\n'.encode()
 
 
 def sse_end(next_offset: int) -> bytes:

@@ -13,6 +13,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -136,11 +137,29 @@ async def aread_batches(
     stream_id: Any, *, from_offset: int = 0, timeout: float | None = None
 ) -> AsyncIterator[list[StreamChunk]]:
     """``aread()`` in batches: each a non-empty list of the consecutive chunks available at once."""
+    async with contextlib.aclosing(afollow(stream_id, from_offset=from_offset, timeout=timeout)) as batches:
+        async for progress in batches:
+            yield progress.chunks
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """A batch of chunks, and what this process knew of the stream when it handed them out."""
+
+    chunks: list[StreamChunk]
+    caught_up: bool  # no chunk after these was known to exist
+    closed: bool  # the stream is closed and these are its last chunks
+
+
+async def afollow(stream_id: Any, *, from_offset: int = 0, timeout: float | None = None) -> AsyncIterator[Progress]:
+    """``aread_batches()``, each batch saying whether the reader has caught up and whether the
+    stream ended with it (for protocols that tell their clients so)."""
     sid = stream_uuid(stream_id)
     pos = _start_offset(from_offset)
     _check_timeout(timeout)
     with _Reading(sid, pos, timeout, asyncio.get_running_loop()) as reading:
         while (chunks := reading.took(await reading.next().take_async(reading.left))) is not None:
             if chunks:  # empty: the wait is over, ask again
-                yield chunks
+                tail = reading.tail
+                yield Progress(chunks, reading.pos >= tail.hint, tail.final is not None and reading.pos >= tail.final)
                 reading.renew()

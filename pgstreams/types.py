@@ -1,5 +1,6 @@
-"""The vocabulary both sides of pgstreams share: stream ids, chunks as readers get them, what a
-notification says of a stream, and the range of offsets. No behaviour beyond converting an id."""
+"""The vocabulary both sides of pgstreams share: stream ids, chunks as readers get them, an
+idempotent producer's batch, what a notification says of a stream, and the range of offsets. No
+behaviour beyond converting an id."""
 
 from __future__ import annotations
 
@@ -16,12 +17,23 @@ MAX_OFFSET: Final = 2**63 - 1
 
 @dataclass(frozen=True, slots=True)
 class StreamChunk:
-    """One chunk as readers receive it."""
+    """One chunk as readers receive it: ``data`` is text, or bytes in a stream of a binary content
+    type (see ``Stream.holds_text``)."""
 
     stream_id: uuid.UUID
     offset: int
-    data: str
+    data: str | bytes
     created_at: datetime.datetime
+
+
+class Producer(NamedTuple):
+    """An idempotent producer's batch: its stable ``id``, the ``epoch`` it writes in (raised when
+    it restarts) and the batch's ``seq`` (0, 1, 2... within an epoch). A write with the same three
+    again is recognised and not stored twice."""
+
+    id: str
+    epoch: int
+    seq: int
 
 
 class Mark(NamedTuple):

@@ -9,15 +9,15 @@ transaction that rolls back. Never reads chunks and never waits for a flush.
 from __future__ import annotations
 
 from functools import cache, partial
-from typing import Any
+from typing import Any, overload
 
 import psycopg
 from django.db import connections, transaction
 
-from . import conf, listener, metrics, notify, signals, threads
+from . import conf, listener, metrics, notify, producers, signals, threads
 from .exceptions import ChunkTooLarge, InvalidChunk, StreamClosed, StreamNotFound
-from .models import Stream
-from .types import Mark, stream_uuid
+from .models import Stream, is_text, path_problem
+from .types import Mark, Producer, stream_uuid
 
 # The stream row's counter is taken and the chunk inserted in one statement. The UPDATE's row
 # lock serialises the writers of one stream until commit, so per stream commit order is offset
@@ -170,8 +170,21 @@ def _cursor(alias: str) -> Any:
     return wrapper.make_debug_cursor(raw) if wrapper.queries_logged else wrapper.make_cursor(raw)
 
 
-def _after_commit(alias: str, mode: str, mark: Mark, written: int) -> None:
+def after_commit(alias: str, mode: str, mark: Mark, written: int) -> None:
+    """Once the transaction on ``alias`` commits: count and announce what it wrote to one stream
+    (``committed``) and, when ``mark`` says it closed the stream, send ``stream_closed``."""
     transaction.on_commit(partial(committed, mode, [mark], written), using=alias)
+    if mark.closed:
+        transaction.on_commit(
+            partial(
+                signals.stream_closed.send,
+                sender=Stream,
+                stream_id=mark.stream_id,
+                next_offset=mark.next_offset,
+                using=alias,
+            ),
+            using=alias,
+        )
 
 
 def committed(mode: str, marks: list[Mark], written: int) -> None:
@@ -189,6 +202,8 @@ def create_stream(
     owner: Any = None,
     label: str = "",
     metadata: dict[str, Any] | None = None,
+    path: str | None = None,
+    content_type: str = "text/plain",
     using: str | None = None,
 ) -> Stream:
     """Create an open, empty stream and return it.
@@ -198,47 +213,89 @@ def create_stream(
             None makes it readable by its id alone. Deleting the user deletes the stream.
         label: a short description, shown in the admin (at most 200 characters).
         metadata: any JSON-serialisable dict.
+        path: its name at the Durable Streams endpoint (``v1/stream/<path>``), unique; None
+            gives it none. Readers there are authorized as for WebSocket and SSE (see README).
+        content_type: what its chunks are, for Durable Streams clients: a ``text/*`` type or
+            ``application/json`` (one JSON value per chunk); ``write()`` stores text only.
         using: database alias; defaults to ``PGSTREAMS['DATABASE']``.
+
+    Raises:
+        ValueError: a bad label, path or content type; IntegrityError: the path is taken.
     """
     if not isinstance(label, str) or len(label) > 200:
         raise ValueError("label must be a str of at most 200 characters")
     if metadata is not None and not isinstance(metadata, dict):
         raise TypeError(f"metadata must be a dict, not {type(metadata).__name__}")
-    return Stream.objects.using(using or conf.database()).create(owner=owner, label=label, metadata=metadata or {})
+    if path is not None and (problem := path_problem(path)) is not None:
+        raise ValueError(problem)
+    if not is_text(content_type) or len(content_type) > 255:
+        raise ValueError(f"content_type must be a text/* type or application/json, not {content_type!r}")
+    return Stream.objects.using(using or conf.database()).create(
+        owner=owner, label=label, metadata=metadata or {}, path=path, content_type=content_type
+    )
 
 
-def write(stream_id: Any, data: str, *, using: str | None = None, synchronous_commit: str | None = None) -> int:
+@overload
+def write(stream_id: Any, data: str, *, using: str | None = None, synchronous_commit: str | None = None) -> int: ...
+@overload
+def write(
+    stream_id: Any,
+    data: str,
+    *,
+    producer: Producer | None,
+    using: str | None = None,
+    synchronous_commit: str | None = None,
+) -> int | None: ...
+def write(
+    stream_id: Any,
+    data: str,
+    *,
+    producer: Producer | None = None,
+    using: str | None = None,
+    synchronous_commit: str | None = None,
+) -> int | None:
     """Append ``data`` to a stream in one round trip and return its offset.
 
     Inside ``transaction.atomic()`` the chunk is visible, and announced, only after commit.
 
     Args:
+        producer: ``pgstreams.Producer(id, epoch, seq)`` makes the write idempotent: a write
+            retried with the same three (after a lost answer) returns None instead of storing
+            the chunk twice (see ``producers``). Two round trips more.
         synchronous_commit: how long the commit waits ("off", "local", "remote_write", "on",
             "remote_apply"); defaults to ``PGSTREAMS['SYNCHRONOUS_COMMIT']``, else the server's
             setting. Inside ``transaction.atomic()`` the commit waits at the strongest level that
             any pgstreams write in the transaction asked for.
 
     Raises:
-        StreamNotFound, StreamClosed, ChunkTooLarge, InvalidChunk; TypeError for non-str data;
-        ValueError for an unknown synchronous_commit.
+        StreamNotFound, StreamClosed, ChunkTooLarge, InvalidChunk; ProducerFenced, ProducerGap;
+        TypeError for non-str data; ValueError for an unknown synchronous_commit or a bad producer.
     """
     sid = stream_uuid(stream_id)
     check_chunk(data, conf.max_chunk_bytes())
     level = _level(synchronous_commit)
     alias = using or conf.database()
     mode = conf.notify_mode()
-    offset: int = _execute("write", alias, mode, level, {"id": sid, "data": data})[0][0]
-    _after_commit(alias, mode, Mark(sid, offset + 1, False), 1)
+    rows = _execute_once(producer, "write", alias, mode, level, {"id": sid, "data": data})
+    if rows is None:
+        return None
+    offset: int = rows[0][0]
+    after_commit(alias, mode, Mark(sid, offset + 1, False), 1)
     return offset
 
 
 def write_many(
-    stream_id: Any, items: list[str], *, using: str | None = None, synchronous_commit: str | None = None
+    stream_id: Any,
+    items: list[str],
+    *,
+    producer: Producer | None = None,
+    using: str | None = None,
+    synchronous_commit: str | None = None,
 ) -> list[int]:
     """Append several chunks in one statement and return their offsets, in order.
 
     Every item is checked before the database is touched: one bad item writes nothing.
-    ``synchronous_commit`` as for ``write()``.
+    ``producer`` and ``synchronous_commit`` as for ``write()``; a batch written already returns [].
     """
     sid = stream_uuid(stream_id)
     if isinstance(items, (str, bytes)) or not hasattr(items, "__iter__"):
@@ -252,10 +309,31 @@ def write_many(
         return []
     alias = using or conf.database()
     mode = conf.notify_mode()
-    rows = _execute("write_many", alias, mode, level, {"id": sid, "n": len(items), "items": items})
+    rows = _execute_once(producer, "write_many", alias, mode, level, {"id": sid, "n": len(items), "items": items})
+    if rows is None:
+        return []
     offsets = sorted(row[0] for row in rows)
-    _after_commit(alias, mode, Mark(sid, offsets[-1] + 1, False), len(offsets))
+    after_commit(alias, mode, Mark(sid, offsets[-1] + 1, False), len(offsets))
     return offsets
+
+
+def _execute_once(
+    producer: Producer | None, kind: str, alias: str, mode: str, level: str | None, params: dict[str, Any]
+) -> list[tuple[Any, ...]] | None:
+    """``_execute``, and with a producer only if its batch is not written yet (None if it is),
+    recording the batch in the same transaction."""
+    if producer is None:
+        return _execute(kind, alias, mode, level, params)
+    producer = producers.checked(producer)
+    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        cursor.execute("SELECT 1 FROM pgstreams_stream WHERE id = %s FOR NO KEY UPDATE", [params["id"]])
+        if cursor.fetchone() is None:
+            raise StreamNotFound(f"no stream {params['id']} in database {alias!r}")
+        if producers.check(cursor, params["id"], producer) is not None:
+            return None
+        rows = _execute(kind, alias, mode, level, params)
+        producers.save(cursor, params["id"], producer)
+    return rows
 
 
 def close(stream_id: Any, *, using: str | None = None, synchronous_commit: str | None = None) -> int:
@@ -269,11 +347,7 @@ def close(stream_id: Any, *, using: str | None = None, synchronous_commit: str |
     alias = using or conf.database()
     mode = conf.notify_mode()
     next_offset: int = _execute("close", alias, mode, level, {"id": sid})[0][0]
-    _after_commit(alias, mode, Mark(sid, next_offset, True), 0)
-    transaction.on_commit(
-        partial(signals.stream_closed.send, sender=Stream, stream_id=sid, next_offset=next_offset, using=alias),
-        using=alias,
-    )
+    after_commit(alias, mode, Mark(sid, next_offset, True), 0)
     return next_offset
 
 

@@ -3,11 +3,13 @@ DATABASE_URL); tests/unit needs none."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -77,19 +79,25 @@ def spawn():
 
 
 @contextlib.contextmanager
-def serving(command: list[str], port: int, first_line: str | None = None) -> Iterator[str]:
+def serving(
+    command: list[str], port: int, first_line: str | None = None, env: dict[str, str] | None = None
+) -> Iterator[str]:
     """Run ``command`` (a server of the demo's ASGI application on ``port`` of the loopback,
-    against the test database) until the block ends; yields its host:port once it accepts."""
+    against the test database, with ``env`` added to its environment) until the block ends;
+    yields its host:port once it accepts."""
     env = {
         **os.environ,
         "DATABASE_URL": subprocess_database_url(),
         "DJANGO_SETTINGS_MODULE": "demo_project.settings",
         "CHAT_TOKENS_PER_SECOND": "30",
+        **(env or {}),
     }
     proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         if first_line is not None:
             assert first_line in proc.stdout.readline()
+        # Read what it says (its access log, for one) as it says it: a full pipe would stop it.
+        threading.Thread(target=collections.deque, args=(proc.stdout, 0), daemon=True).start()
         deadline = time.monotonic() + 20
         while True:  # bounded: until the server accepts connections
             try:
@@ -114,6 +122,16 @@ def demo_server() -> Iterator[str]:
     port = free_port()
     command = [sys.executable, "manage.py", "demo", "--addrport", f"127.0.0.1:{port}"]
     with serving(command, port, first_line="pgstreams demo on http://127.0.0.1") as host:
+        yield host
+
+
+@pytest.fixture
+def open_durable_server() -> Iterator[str]:
+    """The demo's ASGI application under daphne on a free loopback port, against the test
+    database, with its Durable Streams endpoint open to anyone (DEMO_OPEN_DURABLE_STREAMS=1)."""
+    port = free_port()
+    command = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "demo_project.asgi:application"]
+    with serving(command, port, env={"DEMO_OPEN_DURABLE_STREAMS": "1"}) as host:
         yield host
 
 

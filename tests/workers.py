@@ -14,8 +14,9 @@ normally, leaving the final flush at exit to announce the last writes.
 ``python -m tests.workers steady --stream ID --count 300 --pause 0.005``: writes at a steady pace,
 then closes the stream and prints its flusher's stats as JSON.
 
-``python -m tests.workers retrying --stream ID --count 300 --pause 0.01``: the same, retrying each
-write that fails (through a server restart), printing each error as a JSON line.
+``python -m tests.workers retrying --stream ID --count 300 --pause 0.01 [--producer]``: the same,
+retrying each write that fails (through a server restart), printing each error as a JSON line;
+``--producer`` writes as one idempotent producer, so that a retry never stores a chunk twice.
 
 ``python -m tests.workers via --stream R --write-stream W --via URL``: pgstreams' own connections
 (listener, fetcher, flusher) go to URL (a proxy), Django's to the test database. Prints each
@@ -104,30 +105,34 @@ def steady(stream: str, count: int, pause: float) -> None:
     print(json.dumps({"done": count, "flusher": notify.flusher().stats.as_dict()}), flush=True)
 
 
-def retrying(stream: str, count: int, pause: float) -> None:
+def retrying(stream: str, count: int, pause: float, producer: bool) -> None:
     """Write through a server restart: an error is reported, the connection dropped, the same
-    chunk written again until it succeeds; prints one JSON line per error, then a summary."""
+    chunk written again until it succeeds; prints one JSON line per error, then a summary. With
+    ``producer``, each write is batch i of one idempotent producer, and the summary counts the
+    retries that found their batch already stored."""
     from django.db import Error, connections
 
     import pgstreams
 
     errors = []
 
-    def attempt(action, *args):
+    def attempt(action, *args, **kwargs):
         while True:
             try:
-                return action(*args)
+                return action(*args, **kwargs)
             except Error as exc:
                 errors.append(f"{type(exc).__module__}.{type(exc).__name__}")
                 print(json.dumps({"error": errors[-1], "message": str(exc).splitlines()[0][:200]}), flush=True)
                 connections.close_all()
                 time.sleep(0.2)
 
+    duplicates = 0
     for i in range(count):
-        attempt(pgstreams.write, stream, f"r{i}")
+        batch = pgstreams.Producer("retrying", 0, i) if producer else None
+        duplicates += attempt(pgstreams.write, stream, f"r{i}", producer=batch) is None
         time.sleep(pause)
     attempt(pgstreams.close, stream)
-    print(json.dumps({"done": count, "errors": errors}), flush=True)
+    print(json.dumps({"done": count, "errors": errors, "duplicates": duplicates}), flush=True)
 
 
 def via(stream: str, write_stream: str) -> None:
@@ -167,6 +172,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--count", type=int, default=20)
     parser.add_argument("--pause", type=float, default=0.005)
     parser.add_argument("--flush-interval", type=float, default=None)
+    parser.add_argument("--producer", action="store_true", help="retrying: write as an idempotent producer")
     parser.add_argument("--os-exit", action="store_true", help="hang: leave through os._exit() instead of sleeping")
     args = parser.parse_args(argv)
 
@@ -191,7 +197,7 @@ def main(argv: list[str]) -> None:
     elif args.mode == "exit":
         exit_after(args.stream, args.count)
     elif args.mode == "retrying":
-        retrying(args.stream, args.count, args.pause)
+        retrying(args.stream, args.count, args.pause, args.producer)
     elif args.mode == "via":
         via(args.stream, args.write_stream)
     else:

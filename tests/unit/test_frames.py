@@ -7,7 +7,7 @@ import datetime
 import json
 import uuid
 
-from pgstreams.protocol import frame_items
+from pgstreams.protocol import frame_items, sse_chunk
 from pgstreams.types import StreamChunk
 
 AT = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
@@ -37,3 +37,11 @@ def test_the_byte_limit_counts_escapes_and_commas_exactly() -> None:
 def test_a_frame_carries_at_least_one_chunk_and_at_most_maxframe_items() -> None:
     assert len(frame_items(chunks("x" * 1000), max_items=10, max_bytes=1)) == 1
     assert len(frame_items(chunks(*"abcdef"), max_items=4, max_bytes=10_000)) == 4
+
+
+def test_bytes_travel_in_base64_and_say_so_in_websocket_frames_and_sse_events() -> None:
+    stream = [StreamChunk(uuid.uuid4(), 0, b"\x00\xff\n", AT)]
+    (item,) = frame_items(stream, max_items=10, max_bytes=10_000)
+    assert json.loads(item) == {"offset": 0, "data": "AP8K", "encoding": "base64"}
+    event = sse_chunk(stream[0]).decode()
+    assert json.loads(event.split("data: ", 1)[1]) == {"offset": 0, "data": "AP8K", "encoding": "base64"}

@@ -104,8 +104,8 @@ def test_chunks_pruned_after_the_window_reset_it() -> None:
 
 def rows(key_index: int, next_offset: int | None, closed: bool, offsets: list[int]) -> list[tuple]:
     if not offsets:
-        return [(key_index, next_offset, closed, None, None, None)]
-    return [(key_index, next_offset, closed, o, f"c{o}", AT) for o in offsets]
+        return [(key_index, next_offset, closed, None, None, None, None)]
+    return [(key_index, next_offset, closed, o, f"c{o}", None, AT) for o in offsets]
 
 
 def test_rows_become_pages_of_consecutive_chunks() -> None:

@@ -7,6 +7,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from bench.durable import DurableConfig, run_durable
+from bench.durable import table as durable_table
 from bench.llm import LlmConfig, run_llm
 from bench.llm_procs import APPEND_METHODS, METHODS
 from bench.report import plot, table
@@ -17,7 +19,8 @@ class Command(BaseCommand):
     help = (
         "Measure writes/s and delivery latency per notification mode, with the pgbench ceiling; "
         "or, with --replica, per synchronous_commit level against a streaming standby; "
-        "or, with --llm, token streams written at a fixed rate per write method."
+        "or, with --llm, token streams written at a fixed rate per write method; "
+        "or, with --durable, the Durable Streams endpoint next to the protocol's reference server."
     )
 
     def add_arguments(self, parser: Any) -> None:
@@ -73,6 +76,17 @@ class Command(BaseCommand):
             "per step, --streams fixed, at most 8 steps of --duration each, until sustained tokens/s falls below "
             "95%% of offered, the e2e p99 passes 250 ms or a reader misses chunks; report the last rate that held",
         )
+        parser.add_argument(
+            "--durable",
+            action="store_true",
+            help="instead of the modes: the same load from node (--connections appenders, catch-up readers, "
+            "long-poll and SSE readers) on the Durable Streams reference server (file-backed) and on pgstreams' "
+            "endpoint in each number of daphne processes of --processes; --duration seconds per part",
+        )
+        parser.add_argument("--connections", type=int, default=64, help="concurrent appenders, with --durable")
+        parser.add_argument(
+            "--processes", default="1,2", help="daphne process counts for --durable, comma-separated (default 1,2)"
+        )
         parser.add_argument("--json", dest="json_path", help="write the report as JSON here")
         parser.add_argument("--plot", dest="plot_path", help="write the plot as PNG here")
 
@@ -90,13 +104,17 @@ class Command(BaseCommand):
             replica_writers = ()
         if not replica_writers or min(replica_writers) < 1:
             raise CommandError("--replica-writers must be positive whole numbers separated by commas, such as 16,32,64")
-        report = self.run_llm(o) if o["llm"] else self.run_modes(o, replica_writers)
-        self.stdout.write(table(report))
+        if o["durable"]:
+            report = self.run_durable(o)
+            self.stdout.write(durable_table(report))
+        else:
+            report = self.run_llm(o) if o["llm"] else self.run_modes(o, replica_writers)
+            self.stdout.write(table(report))
         if o["json_path"]:
             with open(o["json_path"], "w") as f:
                 json.dump(report, f, indent=2)
             self.stdout.write(f"wrote {o['json_path']}")
-        if o["plot_path"]:
+        if o["plot_path"] and not o["durable"]:
             plot(report, o["plot_path"])
             self.stdout.write(f"wrote {o['plot_path']}")
 
@@ -116,6 +134,21 @@ class Command(BaseCommand):
             replica_writers=replica_writers if o["replica"] else (),
         )
         return run(config, say=self.say)
+
+    def run_durable(self, o: dict[str, Any]) -> dict[str, Any]:
+        if o["llm"] or o["replica"]:
+            raise CommandError("--durable, --llm and --replica are three benchmarks: run them one at a time")
+        try:
+            processes = tuple(int(n) for n in o["processes"].split(","))
+        except ValueError:
+            processes = ()
+        if not processes or min(processes) < 1 or o["connections"] < 1:
+            raise CommandError("--processes must be positive whole numbers separated by commas; --connections >= 1")
+        config = DurableConfig(seconds=o["duration"], connections=o["connections"], processes=processes)
+        try:
+            return run_durable(config, say=self.say)
+        except RuntimeError as exc:
+            raise CommandError(str(exc)) from None
 
     def run_llm(self, o: dict[str, Any]) -> dict[str, Any]:
         if o["replica"]:

@@ -1,5 +1,6 @@
 """``manage.py pgstreams_prune --closed-before 7d [--batch 10000] [--dry-run]``: delete closed
-streams and their chunks in short batches; open streams are never touched."""
+streams and their chunks in short batches, and streams whose Durable Streams expiry has passed;
+other open streams are never touched."""
 
 from __future__ import annotations
 
@@ -26,6 +27,10 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         if batch < 1:
             raise CommandError("--batch must be at least 1")
+        if dry_run:
+            self.stdout.write(f"would remove {maintenance.expired()} expired stream(s)")
+        else:
+            self.stdout.write(f"removed {maintenance.prune_expired()} expired stream(s)")
         todo = maintenance.prunable(cutoff)
         if not todo.streams:
             self.stdout.write(f"nothing to delete: no stream was closed before {cutoff.isoformat()}")

@@ -1,0 +1,484 @@
+"""The Durable Streams endpoint's database work: find a stream by its path, then create (or fork),
+append to, close, delete, describe or read it, each in one transaction on ``DATABASE`` with the
+request's authorization (``PGSTREAMS['DURABLE_AUTHORIZE']``) checked inside it.
+
+Synchronous (the views run it on pgstreams' threads) and free of HTTP: a request the protocol
+refuses raises ``wire.Refused``. Live reads wait on the listener in the views, not here.
+
+Expiry is applied when a stream is looked up: an expired stream is removed there and then, and
+the request sees no stream. A stream deleted while forks of it remain is kept as a tombstone that
+holds its path (``deleted_at``); forks own copies of the chunks they inherit, so the tombstone
+keeps no chunks, and it goes with its last fork.
+"""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from django.db import IntegrityError, connections, transaction
+from django.utils import timezone
+
+from .. import conf, notify, producers
+from ..exceptions import ProducerFenced, ProducerGap
+from ..models import Stream, is_text, media_type
+from ..types import Mark, Producer
+from ..writer import after_commit
+from . import wire
+from .wire import Refused
+
+Action = Literal["create", "append", "close", "delete", "read"]
+
+# A catch-up response holds at most this many chunks, and stops after the chunk that reaches
+# this many bytes.
+READ_CHUNKS = 1000
+READ_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class State:
+    """What a response says about a stream."""
+
+    id: uuid.UUID
+    content_type: str
+    next_offset: int
+    closed: bool
+    ttl: int | None
+    expires_at: datetime.datetime | None
+
+    @classmethod
+    def of(cls, stream: Stream) -> State:
+        return cls(stream.id, stream.content_type, stream.next_offset, stream.is_closed, stream.ttl, stream.expires_at)
+
+    @property
+    def json_mode(self) -> bool:
+        return media_type(self.content_type) == "application/json"
+
+    @property
+    def binary(self) -> bool:
+        return not is_text(self.content_type)
+
+
+@dataclass(frozen=True, slots=True)
+class Fork:
+    """A PUT's fork headers: the source's path, and where the fork leaves it."""
+
+    source: str
+    offset: int | None
+    sub_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    state: State
+    status: int  # 204, or 200 for a producer's new batch
+    producer: tuple[int, int] | None = None  # (epoch, highest seq accepted) for the headers
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    state: State
+    start: int
+    chunks: list[str | bytes]
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.chunks)
+
+    @property
+    def up_to_date(self) -> bool:
+        return self.end >= self.state.next_offset
+
+
+def authorize(request: Any, action: Action, path: str, stream: Stream | None) -> None:
+    if not conf.durable_authorize()(request, action, path, stream):
+        raise Refused(403, f"not allowed to {action} stream {path!r}")
+
+
+def _lookup(alias: str, path: str, *, lock: bool = False) -> Stream | None:
+    """The stream at ``path``, tombstones included; one whose expiry has passed is removed first
+    (leaving a tombstone if it has forks)."""
+    streams = Stream.objects.using(alias).filter(path=path)
+    if lock:
+        streams = streams.select_for_update(no_key=True)
+    stream = streams.first()
+    if stream is not None and stream.deleted_at is None and stream.expired(timezone.now()):
+        _remove_if_expired(alias, stream.id)
+        return streams.first()
+    return stream
+
+
+def _remove_if_expired(alias: str, stream_id: uuid.UUID) -> bool:
+    """Remove the stream if its expiry has passed, checked under its row lock (a request may have
+    just used it); return whether it was."""
+    with transaction.atomic(using=alias):
+        stream = Stream.objects.using(alias).select_for_update(no_key=True).filter(pk=stream_id).first()
+        if stream is None or stream.deleted_at is not None or not stream.expired(timezone.now()):
+            return False
+        _remove(alias, stream)
+        return True
+
+
+def _live(stream: Stream | None, path: str) -> Stream:
+    if stream is None:
+        raise Refused(404, f"no stream at {path!r}")
+    if stream.deleted_at is not None:
+        raise Refused(410, f"the stream at {path!r} was deleted (forks of it remain)")
+    return stream
+
+
+def _remove(alias: str, stream: Stream) -> None:
+    """Delete a stream; while forks of it remain, leave a tombstone that keeps its path. A
+    tombstone whose last fork this was goes too, and so on up the chain."""
+    current: Stream | None = stream
+    with connections[alias].cursor() as cursor:
+        while current is not None:
+            cursor.execute("SELECT 1 FROM pgstreams_stream WHERE forked_from_id = %s LIMIT 1", [current.id])
+            if cursor.fetchone() is not None:
+                cursor.execute(
+                    "UPDATE pgstreams_stream SET deleted_at = now(), closed_at = coalesce(closed_at, now())"
+                    " WHERE id = %s",
+                    [current.id],
+                )
+                cursor.execute("DELETE FROM pgstreams_chunk WHERE stream_id = %s", [current.id])
+                return
+            cursor.execute("DELETE FROM pgstreams_stream WHERE id = %s", [current.id])
+            parent = current.forked_from_id
+            current = (
+                Stream.objects.using(alias)
+                .select_for_update(no_key=True)
+                .filter(pk=parent, deleted_at__isnull=False)
+                .first()
+                if parent
+                else None
+            )
+
+
+# Streams whose expiry has passed, at the time given.
+EXPIRED_WHERE = "deleted_at IS NULL AND (expires_at <= %(now)s OR used_at + make_interval(secs => ttl) <= %(now)s)"
+
+
+def remove_expired(alias: str, limit: int) -> int:
+    """Remove up to ``limit`` streams whose expiry has passed, as a request to them would (one
+    that has forks leaves a tombstone); return how many went."""
+    with connections[alias].cursor() as cursor:
+        query = f"SELECT id FROM pgstreams_stream WHERE {EXPIRED_WHERE} LIMIT %(limit)s"  # a constant
+        cursor.execute(query, {"now": timezone.now(), "limit": limit})
+        candidates = [stream_id for (stream_id,) in cursor.fetchall()]
+    return sum(_remove_if_expired(alias, stream_id) for stream_id in candidates)
+
+
+def head(request: Any, path: str) -> State:
+    """HEAD: the stream's state (a HEAD does not count as use for its TTL)."""
+    stream = _live(_lookup(conf.database(), path), path)
+    authorize(request, "read", path, stream)
+    return State.of(stream)
+
+
+def read(request: Any, path: str, offset: str) -> Read:
+    """GET: the chunks from ``offset`` (``-1``, ``now`` or one this server gave), as many as one
+    response holds, up to the stream's tail when the read began."""
+    alias = conf.database()
+    stream = _live(_lookup(alias, path), path)
+    authorize(request, "read", path, stream)
+    if stream.ttl is not None:
+        _use(alias, stream)
+    state = State.of(stream)
+    if offset == wire.START:
+        start = 0
+    elif offset == wire.NOW:
+        start = state.next_offset
+    else:
+        start = wire.parse_offset(offset)
+        if start > state.next_offset:
+            raise Refused(400, f"offset {offset} is past the stream's tail {wire.format_offset(state.next_offset)}")
+    return Read(state, start, _chunks(alias, state.id, start, state.next_offset))
+
+
+def _use(alias: str, stream: Stream) -> None:
+    """Count a read or write as use of a stream with a TTL."""
+    stream.used_at = timezone.now()
+    Stream.objects.using(alias).filter(pk=stream.pk).update(used_at=stream.used_at)
+
+
+def _chunks(alias: str, stream_id: uuid.UUID, start: int, end: int) -> list[str | bytes]:
+    """Chunks ``start`` to at most ``end - 1``, within one response's limits; 410 if ``start``
+    is gone (pruned)."""
+    if start >= end:
+        return []
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            'SELECT "offset", data, blob FROM pgstreams_chunk WHERE stream_id = %s AND "offset" >= %s'
+            ' AND "offset" < %s ORDER BY "offset" LIMIT %s',
+            [stream_id, start, end, READ_CHUNKS],
+        )
+        rows = cursor.fetchall()
+    chunks: list[str | bytes] = []
+    size = 0
+    for offset, data, blob in rows:
+        if offset != start + len(chunks) or size >= READ_BYTES:
+            break
+        chunk = data if data is not None else bytes(blob)
+        chunks.append(chunk)
+        size += len(chunk)
+    if not chunks:
+        raise Refused(410, f"offset {wire.format_offset(start)} is no longer held (pruned)")
+    return chunks
+
+
+def delete(request: Any, path: str) -> None:
+    """DELETE: remove the stream, or leave a tombstone while forks of it remain."""
+    alias = conf.database()
+    with transaction.atomic(using=alias):
+        stream = _live(_lookup(alias, path, lock=True), path)
+        authorize(request, "delete", path, stream)
+        _remove(alias, stream)
+
+
+def create(
+    request: Any,
+    path: str,
+    *,
+    content_type: str | None,
+    ttl: int | None,
+    expires_at: datetime.datetime | None,
+    closed: bool,
+    body: bytes,
+    fork: Fork | None,
+) -> tuple[State, bool]:
+    """PUT: create the stream (or fork), or find it already there with the same configuration.
+    Returns its state and whether it was created."""
+    alias = conf.database()
+    try:
+        with transaction.atomic(using=alias):
+            return _create(request, alias, path, content_type, ttl, expires_at, closed, body, fork)
+    except IntegrityError:  # another request created it first: compare with that one
+        with transaction.atomic(using=alias):
+            return _create(request, alias, path, content_type, ttl, expires_at, closed, body, fork)
+
+
+def _create(
+    request: Any,
+    alias: str,
+    path: str,
+    content_type: str | None,
+    ttl: int | None,
+    expires_at: datetime.datetime | None,
+    closed: bool,
+    body: bytes,
+    fork: Fork | None,
+) -> tuple[State, bool]:
+    source = None
+    if fork is not None:
+        source = _lookup(alias, fork.source, lock=True)
+        if source is None:
+            raise Refused(404, f"no stream at {fork.source!r} to fork")
+        if source.deleted_at is not None:
+            raise Refused(409, f"the stream at {fork.source!r} was deleted; it cannot be forked")
+        authorize(request, "read", fork.source, source)
+        if content_type is None:
+            content_type = source.content_type
+        elif media_type(content_type) != media_type(source.content_type):
+            raise Refused(409, f"a fork has its source's content type, {source.content_type}")
+        if ttl is None and expires_at is None:
+            ttl, expires_at = source.ttl, source.expires_at
+    content_type = content_type or wire.DEFAULT_CONTENT_TYPE
+
+    existing = _lookup(alias, path, lock=True)
+    if existing is not None:
+        if existing.deleted_at is not None:
+            raise Refused(409, f"the stream at {path!r} was deleted while forks of it remain; its path stays taken")
+        authorize(request, "create", path, existing)
+        same = (
+            media_type(existing.content_type) == media_type(content_type)
+            and existing.ttl == ttl
+            and existing.expires_at == expires_at
+            and existing.is_closed == closed
+            and _same_fork(existing, source, fork)
+        )
+        if not same:
+            raise Refused(409, f"a stream exists at {path!r} with another configuration")
+        return State.of(existing), False
+
+    authorize(request, "create", path, None)
+    user = getattr(request, "user", None)
+    stream = Stream(
+        path=path,
+        label=path[:200],
+        content_type=content_type,
+        ttl=ttl,
+        expires_at=expires_at,
+        used_at=timezone.now(),
+        owner=user if user is not None and user.is_authenticated else None,
+    )
+    items: list[str | bytes] = []
+    if source is not None and fork is not None:
+        stream.forked_from = source
+        stream.fork_offset = source.next_offset if fork.offset is None else fork.offset
+        stream.fork_sub_offset = fork.sub_offset
+        inherited, partial = _fork_point(alias, source, stream.fork_offset, fork.sub_offset)
+        items = [partial] if partial is not None else []
+    else:
+        inherited = 0
+    items += _body_chunks(stream, body, appending=False)
+    stream.save(using=alias, force_insert=True)
+    if inherited:
+        with connections[alias].cursor() as cursor:
+            cursor.execute(
+                'INSERT INTO pgstreams_chunk (stream_id, "offset", data, blob, created_at)'
+                ' SELECT %s, "offset", data, blob, created_at FROM pgstreams_chunk'
+                ' WHERE stream_id = %s AND "offset" < %s',
+                [stream.id, stream.forked_from_id, inherited],
+            )
+    _append_chunks(alias, stream, inherited, items, closing=closed)
+    return State.of(stream), True
+
+
+def _same_fork(existing: Stream, source: Stream | None, fork: Fork | None) -> bool:
+    if fork is None or source is None:
+        return existing.forked_from_id is None and existing.fork_offset is None
+    return (
+        existing.forked_from_id == source.id
+        and (fork.offset is None or fork.offset == existing.fork_offset)
+        and fork.sub_offset == existing.fork_sub_offset
+    )
+
+
+def _fork_point(alias: str, source: Stream, offset: int, sub_offset: int) -> tuple[int, str | bytes | None]:
+    """How many of the source's chunks a fork at (offset, sub_offset) copies, and the part of the
+    next one it takes (None: none). For JSON streams the sub-offset counts messages (chunks);
+    for others, bytes of the chunk at ``offset``."""
+    if offset > source.next_offset:
+        raise Refused(400, f"Stream-Fork-Offset is past the source's tail {wire.format_offset(source.next_offset)}")
+    if sub_offset == 0:
+        return offset, None
+    if offset >= source.next_offset:
+        raise Refused(400, "Stream-Fork-Sub-Offset points past the source's data")
+    if media_type(source.content_type) == "application/json":
+        if offset + sub_offset > source.next_offset:
+            raise Refused(400, f"Stream-Fork-Sub-Offset {sub_offset} is past the source's last message")
+        return offset + sub_offset, None
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            'SELECT data, blob FROM pgstreams_chunk WHERE stream_id = %s AND "offset" = %s', [source.id, offset]
+        )
+        row = cursor.fetchone()
+    if row is None:
+        raise Refused(400, "Stream-Fork-Offset names a chunk that is no longer held")
+    whole = row[0].encode() if row[0] is not None else bytes(row[1])
+    if sub_offset > len(whole):
+        raise Refused(400, f"Stream-Fork-Sub-Offset {sub_offset} is past the end of that append ({len(whole)} bytes)")
+    if row[0] is None:
+        return offset, whole[:sub_offset]
+    try:
+        return offset, whole[:sub_offset].decode()
+    except UnicodeDecodeError:
+        raise Refused(400, f"Stream-Fork-Sub-Offset {sub_offset} falls inside a UTF-8 character") from None
+
+
+def _body_chunks(stream: Stream, body: bytes, *, appending: bool) -> list[str | bytes]:
+    """A body as the stream's chunks: JSON messages one per chunk (an array's items, flattened);
+    text or bytes cut to MAX_CHUNK_BYTES."""
+    limit = conf.max_chunk_bytes()
+    if media_type(stream.content_type) == "application/json":
+        if not body:
+            return []
+        messages = wire.json_messages(body, flatten=True)
+        if appending and not messages:
+            raise Refused(400, "an append of an empty JSON array appends nothing; send at least one value")
+        for message in messages:
+            if len(message.encode()) > limit:
+                raise Refused(413, f"a JSON message is over PGSTREAMS['MAX_CHUNK_BYTES'] = {limit} bytes")
+        return list(messages)
+    data: str | bytes = wire.text_body(body) if stream.holds_text else body
+    return list(wire.pieces(data, limit))
+
+
+def _append_chunks(alias: str, stream: Stream, start: int, items: list[str | bytes], *, closing: bool) -> None:
+    """Insert ``items`` from offset ``start`` and move the stream's row to match, closing it if
+    asked; announced once the transaction commits."""
+    texts = [item if isinstance(item, str) else None for item in items]
+    blobs = [item if isinstance(item, bytes) else None for item in items]
+    with connections[alias].cursor() as cursor:
+        if items:
+            cursor.execute(
+                'INSERT INTO pgstreams_chunk (stream_id, "offset", data, blob, created_at)'
+                " SELECT %s, %s + t.i - 1, t.data, t.blob, now()"
+                " FROM unnest(%s::text[], %s::bytea[]) WITH ORDINALITY AS t(data, blob, i)",
+                [stream.id, start, texts, blobs],
+            )
+        cursor.execute(
+            "UPDATE pgstreams_stream SET next_offset = %s, writer_seq = %s, used_at = now(),"
+            " closed_at = CASE WHEN %s THEN coalesce(closed_at, now()) ELSE closed_at END"
+            " WHERE id = %s RETURNING closed_at",
+            [start + len(items), stream.writer_seq, closing, stream.id],
+        )
+        (stream.closed_at,) = cursor.fetchone()
+    stream.next_offset = start + len(items)
+    mark = Mark(stream.id, stream.next_offset, stream.is_closed)
+    mode = conf.notify_mode()
+    if mode == "per_write":  # in the transaction, as write() sends it in this mode
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, %s)", [conf.channel(), notify.encode(mark)])
+    after_commit(alias, mode, mark, len(items))
+
+
+def append(
+    request: Any,
+    path: str,
+    body: bytes,
+    *,
+    content_type: str | None,
+    closing: bool,
+    producer: Producer | None,
+    writer_seq: str | None,
+) -> Appended:
+    """POST: append the body (and close, if asked), checking in this order as the protocol
+    says: the producer's epoch and seq, the stream's closure, the content type, Stream-Seq."""
+    alias = conf.database()
+    with transaction.atomic(using=alias):
+        stream = _live(_lookup(alias, path, lock=True), path)
+        authorize(request, "close" if closing and not body else "append", path, stream)
+        if producer is not None:
+            duplicate = _check_producer(alias, stream, producer)
+            if duplicate is not None:
+                return Appended(State.of(stream), 204, duplicate)
+        if stream.is_closed:
+            if closing and not body:
+                return Appended(State.of(stream), 204)
+            raise Refused(
+                409,
+                f"the stream at {path!r} is closed",
+                {"Stream-Closed": "true", "Stream-Next-Offset": wire.format_offset(stream.next_offset)},
+            )
+        if body and media_type(content_type or "") != media_type(stream.content_type):
+            raise Refused(409, f"the stream's content type is {stream.content_type}, not {content_type}")
+        if writer_seq is not None:
+            if stream.writer_seq and writer_seq <= stream.writer_seq:
+                last = stream.writer_seq[:80]
+                raise Refused(409, f"Stream-Seq {writer_seq[:80]!r} is not after the last one, {last!r}")
+            stream.writer_seq = writer_seq
+        items = _body_chunks(stream, body, appending=True)
+        _append_chunks(alias, stream, stream.next_offset, items, closing=closing)
+        if producer is None:
+            return Appended(State.of(stream), 204)
+        with connections[alias].cursor() as cursor:
+            producers.save(cursor, stream.id, producer)
+        return Appended(State.of(stream), 204 if not body else 200, (producer.epoch, producer.seq))
+
+
+def _check_producer(alias: str, stream: Stream, producer: Producer) -> tuple[int, int] | None:
+    """``producers.check``, its refusals as the protocol's statuses."""
+    try:
+        with connections[alias].cursor() as cursor:
+            return producers.check(cursor, stream.id, producer)
+    except ProducerFenced as exc:
+        raise Refused(403, str(exc), {"Producer-Epoch": str(exc.epoch)}) from None
+    except ProducerGap as exc:
+        raise Refused(
+            409, str(exc), {"Producer-Expected-Seq": str(exc.expected), "Producer-Received-Seq": str(producer.seq)}
+        ) from None
+    except ValueError as exc:
+        raise Refused(400, str(exc)) from None

@@ -1,0 +1,367 @@
+"""The Durable Streams endpoint, ``v1/stream/<path>``: one async view that answers the protocol's
+PUT (create, fork), POST (append, close), DELETE, HEAD and GET (catch-up, long-poll, SSE).
+
+Headers are checked here (``wire``); the database work runs on pgstreams' threads (``store``).
+Long-poll and SSE wait on the process's listener, as ``aread()`` does: a waiting request holds no
+database connection. No subscription APIs (``__ds/...``), and no CORS origin policy of its own:
+a project that serves other origins adds one (django-cors-headers), as for any other view.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from urllib.parse import unquote, urlsplit
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
+from django.middleware.csrf import CsrfViewMiddleware
+from django.urls import reverse
+from django.views.decorators.csrf import csrf_exempt
+
+from .. import conf, metrics, threads
+from ..exceptions import ChunksPruned, ReadTimeout, StreamNotFound
+from ..reader import Progress, afollow
+from . import store, wire
+from .wire import Refused
+
+# An SSE response ends after about this many seconds (the protocol asks for about a minute, so
+# that caches can collapse readers); the client resumes from the last control event's offset.
+SSE_SECONDS = 60.0
+# Seconds of silence after which an SSE response sends a comment, so proxies keep it open.
+KEEPALIVE = 15.0
+
+_REQUEST_HEADERS = (
+    "Content-Type, Stream-TTL, Stream-Expires-At, Stream-Seq, Stream-Closed, Stream-Forked-From, "
+    "Stream-Fork-Offset, Stream-Fork-Sub-Offset, Producer-Id, Producer-Epoch, Producer-Seq, If-None-Match, "
+    "Authorization"
+)
+_RESPONSE_HEADERS = (
+    "Stream-Next-Offset, Stream-Cursor, Stream-Up-To-Date, Stream-Closed, Stream-TTL, Stream-Expires-At, "
+    "Stream-SSE-Data-Encoding, Producer-Epoch, Producer-Seq, Producer-Expected-Seq, Producer-Received-Seq, "
+    "ETag, Location"
+)
+_METHODS = "GET, HEAD, PUT, POST, DELETE, OPTIONS"
+_CACHEABLE = "private, max-age=60, stale-while-revalidate=300"
+
+_create = threads.writes.wrap(store.create)
+_append = threads.writes.wrap(store.append)
+_delete = threads.writes.wrap(store.delete)
+_head = threads.lookups.wrap(store.head)
+_read = threads.lookups.wrap(store.read)
+
+
+@csrf_exempt  # checked below, for requests that carry a session cookie
+async def stream(request: HttpRequest, path: str) -> HttpResponseBase:
+    try:
+        name = wire.stream_path(path)
+        if request.method == "OPTIONS":
+            response: HttpResponseBase = _preflight()
+        else:
+            refused = _csrf_refusal(request)
+            if refused is not None:
+                return _secured(refused)
+            response = await _handle(request, name)
+    except Refused as refusal:
+        response = HttpResponse(f"{refusal.message}\n", status=refusal.status, content_type="text/plain; charset=utf-8")
+        for header, value in refusal.headers.items():
+            response[header] = value
+    return _secured(response)
+
+
+async def _handle(request: HttpRequest, name: str) -> HttpResponseBase:
+    if request.method == "PUT":
+        return await _put(request, name)
+    if request.method == "POST":
+        return await _post(request, name)
+    if request.method == "DELETE":
+        await _delete(request, name)
+        return _empty(204)
+    if request.method == "HEAD":
+        response = _empty(200)
+        _describe(response, await _head(request, name))
+        response["Cache-Control"] = "no-store"
+        return response
+    if request.method == "GET":
+        return await _get(request, name)
+    response = HttpResponse(f"{request.method} is not a Durable Streams method\n", status=405)
+    response["Allow"] = _METHODS
+    return response
+
+
+def _csrf_refusal(request: HttpRequest) -> HttpResponseBase | None:
+    """Django's CSRF check for a writing request that a browser may have sent with the user's
+    session cookie; requests without one (API clients) carry no ambient authority to misuse."""
+    if request.method in ("GET", "HEAD") or settings.SESSION_COOKIE_NAME not in request.COOKIES:
+        return None
+    return CsrfViewMiddleware(lambda r: HttpResponse()).process_view(request, None, (), {})  # type: ignore[arg-type]
+
+
+def _secured(response: HttpResponseBase) -> HttpResponseBase:
+    """The headers every answer carries: no MIME sniffing, fetchable from other origins that the
+    project's CORS policy lets in, and which protocol headers their scripts may read."""
+    response["X-Content-Type-Options"] = "nosniff"
+    response["Cross-Origin-Resource-Policy"] = "cross-origin"
+    response["Access-Control-Expose-Headers"] = _RESPONSE_HEADERS
+    return response
+
+
+def _preflight() -> HttpResponse:
+    response = _empty(204)
+    response["Access-Control-Allow-Methods"] = _METHODS
+    response["Access-Control-Allow-Headers"] = _REQUEST_HEADERS
+    response["Access-Control-Max-Age"] = "600"
+    return response
+
+
+def _empty(status: int) -> HttpResponse:
+    response = HttpResponse(status=status)
+    del response["Content-Type"]
+    return response
+
+
+def _describe(response: HttpResponseBase, state: store.State) -> None:
+    """The stream's metadata headers, as HEAD, PUT and POST answer them."""
+    response["Content-Type"] = state.content_type
+    response["Stream-Next-Offset"] = wire.format_offset(state.next_offset)
+    if state.ttl is not None:
+        response["Stream-TTL"] = str(state.ttl)
+    if state.expires_at is not None:
+        response["Stream-Expires-At"] = state.expires_at.isoformat().replace("+00:00", "Z")
+    if state.closed:
+        response["Stream-Closed"] = "true"
+
+
+def _body(request: HttpRequest) -> bytes:
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    too_big = Refused(413, f"the body is over {limit} bytes (settings.DATA_UPLOAD_MAX_MEMORY_SIZE); send it in parts")
+    length = request.META.get("CONTENT_LENGTH") or "0"
+    if limit is not None and length.isdigit() and int(length) > limit:
+        raise too_big
+    try:
+        return request.body
+    except RequestDataTooBig:
+        raise too_big from None
+
+
+def _fork(request: HttpRequest) -> store.Fork | None:
+    source = request.headers.get("Stream-Forked-From")
+    offset = request.headers.get("Stream-Fork-Offset")
+    sub_offset = request.headers.get("Stream-Fork-Sub-Offset")
+    if source is None:
+        if offset is not None or sub_offset is not None:
+            raise Refused(400, "Stream-Fork-Offset and Stream-Fork-Sub-Offset need Stream-Forked-From")
+        return None
+    sub = 0 if sub_offset is None else wire.whole(sub_offset, "Stream-Fork-Sub-Offset")
+    if sub and offset is None:
+        raise Refused(400, "Stream-Fork-Sub-Offset needs Stream-Fork-Offset")
+    at = None if offset is None else wire.parse_offset(offset, "Stream-Fork-Offset")
+    return store.Fork(_source_path(source), at, sub)
+
+
+def _source_path(value: str) -> str:
+    """Stream-Forked-From as a path: a URL or path under this endpoint (with or without the
+    project's prefix, as clients send ``/v1/stream/<path>``), or the path itself."""
+    path = unquote(urlsplit(value.strip()).path)
+    root = reverse("pgstreams:durable-stream", kwargs={"path": "-"})[:-1]
+    for prefix in (root, "/v1/stream/"):
+        if path.startswith(prefix):
+            return wire.stream_path(path[len(prefix) :])
+    return wire.stream_path(path.lstrip("/"))
+
+
+async def _put(request: HttpRequest, name: str) -> HttpResponse:
+    ttl, expires_at = wire.expiry(request.headers.get("Stream-TTL"), request.headers.get("Stream-Expires-At"))
+    state, created = await _create(
+        request,
+        name,
+        content_type=request.headers.get("Content-Type") or None,
+        ttl=ttl,
+        expires_at=expires_at,
+        closed=wire.flag(request.headers.get("Stream-Closed")),
+        body=_body(request),
+        fork=_fork(request),
+    )
+    response = _empty(201 if created else 200)
+    _describe(response, state)
+    if created:
+        response["Location"] = request.build_absolute_uri(request.path)
+    return response
+
+
+async def _post(request: HttpRequest, name: str) -> HttpResponse:
+    closing = wire.flag(request.headers.get("Stream-Closed"))
+    producer = wire.producer(request.headers)
+    body = _body(request)
+    content_type = request.headers.get("Content-Type")
+    if not body and not closing:
+        raise Refused(400, "an append needs a body (or Stream-Closed: true to close the stream)")
+    if body and not content_type:
+        raise Refused(400, "an append needs the stream's Content-Type")
+    appended = await _append(
+        request,
+        name,
+        body,
+        content_type=content_type,
+        closing=closing,
+        producer=producer,
+        writer_seq=request.headers.get("Stream-Seq"),
+    )
+    response = _empty(appended.status)
+    response["Stream-Next-Offset"] = wire.format_offset(appended.state.next_offset)
+    if appended.state.closed:
+        response["Stream-Closed"] = "true"
+    if appended.producer is not None:
+        response["Producer-Epoch"], response["Producer-Seq"] = map(str, appended.producer)
+    return response
+
+
+async def _get(request: HttpRequest, name: str) -> HttpResponseBase:
+    live = request.GET.get("live")
+    if live not in (None, "long-poll", "sse"):
+        raise Refused(400, f"live must be long-poll or sse, not {live[:40]!r}")
+    if live is not None and "offset" not in request.GET:
+        raise Refused(400, f"live={live} needs an offset (-1 for the start, now for the tail)")
+    offset = wire.read_offset(request.GET.getlist("offset"))
+    read = await _read(request, name, offset)
+    cursor_given = request.GET.get("cursor")
+    if live == "sse":
+        return _sse(read, cursor_given)
+    if live is None:
+        return _catch_up(request, read, offset)
+    if read.chunks:
+        response = _chunks_response(read.state, read.chunks, read.end, read.up_to_date)
+        return _live(response, "Stream-Closed" in response, cursor_given)
+    if read.state.closed:
+        return _tail_response(read.state, read.start, cursor_given)
+    return await _long_poll(read, cursor_given)
+
+
+def _catch_up(request: HttpRequest, read: store.Read, offset: str) -> HttpResponse:
+    state = read.state
+    at_end = state.closed and read.up_to_date
+    tag = wire.etag(state.id, read.start, read.end, at_end)
+    if offset != wire.NOW and wire.etag_matches(tag, request.headers.get("If-None-Match")):
+        response = _empty(304)
+        response["ETag"] = tag
+        return response
+    response = _chunks_response(state, read.chunks, read.end, read.up_to_date)
+    if offset == wire.NOW:
+        response["Cache-Control"] = "no-store"
+    else:
+        response["ETag"] = tag
+        response["Cache-Control"] = "no-store" if read.up_to_date else _CACHEABLE
+    return response
+
+
+def _chunks_response(state: store.State, chunks: list[str | bytes], end: int, up_to_date: bool) -> HttpResponse:
+    """200 with ``chunks``, which end at ``end``."""
+    closed = state.closed and end >= state.next_offset
+    response = HttpResponse(wire.body_of(chunks, state.json_mode), content_type=state.content_type)
+    response["Stream-Next-Offset"] = wire.format_offset(end)
+    if up_to_date or closed:
+        response["Stream-Up-To-Date"] = "true"
+    if closed:
+        response["Stream-Closed"] = "true"
+    return response
+
+
+def _live(response: HttpResponse, closed: bool, cursor_given: str | None) -> HttpResponse:
+    if not closed:
+        response["Stream-Cursor"] = wire.cursor(cursor_given)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+def _tail_response(state: store.State, position: int, cursor_given: str | None) -> HttpResponse:
+    """204: nothing new at ``position`` (the stream's tail), and whether nothing ever will be."""
+    response = _empty(204)
+    response["Stream-Next-Offset"] = wire.format_offset(position)
+    response["Stream-Up-To-Date"] = "true"
+    if state.closed:
+        response["Stream-Closed"] = "true"
+    return _live(response, state.closed, cursor_given)
+
+
+async def _long_poll(read: store.Read, cursor_given: str | None) -> HttpResponse:
+    state = read.state
+    try:
+        async with contextlib.aclosing(
+            afollow(state.id, from_offset=read.start, timeout=conf.long_poll_timeout())
+        ) as batches:
+            progress = await anext(batches, None)
+    except ReadTimeout:
+        return _tail_response(state, read.start, cursor_given)
+    except StreamNotFound:
+        raise Refused(404, "the stream was deleted") from None
+    except ChunksPruned as exc:
+        raise Refused(410, str(exc)) from None
+    if progress is None:  # closed, with nothing after read.start
+        closed = store.State(state.id, state.content_type, read.start, True, state.ttl, state.expires_at)
+        return _tail_response(closed, read.start, cursor_given)
+    metrics.observe_delivery(progress.chunks)
+    return _progress_response(state, progress, cursor_given)
+
+
+def _progress_response(state: store.State, progress: Progress, cursor_given: str | None) -> HttpResponse:
+    end = progress.chunks[-1].offset + 1
+    response = HttpResponse(
+        wire.body_of([c.data for c in progress.chunks], state.json_mode), content_type=state.content_type
+    )
+    response["Stream-Next-Offset"] = wire.format_offset(end)
+    if progress.caught_up or progress.closed:
+        response["Stream-Up-To-Date"] = "true"
+    if progress.closed:
+        response["Stream-Closed"] = "true"
+    return _live(response, progress.closed, cursor_given)
+
+
+def _sse(read: store.Read, cursor_given: str | None) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(_events(read, wire.cursor(cursor_given)), content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # nginx: do not buffer the stream
+    if read.state.binary:
+        response["Stream-SSE-Data-Encoding"] = "base64"
+    return response
+
+
+async def _events(read: store.Read, cursor: str) -> AsyncIterator[bytes]:
+    """A data event for each batch, each followed by its control event; a control event first
+    when there is nothing to send yet; the last one says the stream is closed, if it is."""
+    state = read.state
+    json_mode, binary = state.json_mode, state.binary
+    position = read.start
+    at_end = state.closed and read.up_to_date
+    if read.chunks:
+        yield wire.sse_data(read.chunks, json_mode=json_mode, binary=binary)
+        position = read.end
+    yield wire.sse_control(position, cursor_value=cursor, up_to_date=read.up_to_date, closed=at_end)
+    if at_end:
+        return
+    metrics.sse_clients.inc()
+    try:
+        deadline = time.monotonic() + SSE_SECONDS
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                async with contextlib.aclosing(
+                    afollow(state.id, from_offset=position, timeout=min(KEEPALIVE, left))
+                ) as batches:
+                    async for progress in batches:
+                        yield wire.sse_data([c.data for c in progress.chunks], json_mode=json_mode, binary=binary)
+                        metrics.observe_delivery(progress.chunks)
+                        position = progress.chunks[-1].offset + 1
+                        yield wire.sse_control(
+                            position, cursor_value=cursor, up_to_date=progress.caught_up, closed=progress.closed
+                        )
+                        if progress.closed or time.monotonic() >= deadline:
+                            return
+                yield wire.sse_control(position, cursor_value=None, up_to_date=True, closed=True)
+                return
+            except ReadTimeout:
+                yield wire.SSE_KEEPALIVE
+    except (StreamNotFound, ChunksPruned):
+        return  # the client's next request learns why
+    finally:
+        metrics.sse_clients.dec()

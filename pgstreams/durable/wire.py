@@ -1,0 +1,242 @@
+"""The Durable Streams protocol's vocabulary, pure: offsets, the request headers and bodies a
+server must check, cursors, ETags and SSE events. No database, no Django request or response.
+
+A refused request raises ``Refused`` with the status the protocol gives and a message that says
+what to send instead; the views turn it into the response.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import json
+import random
+import re
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from ..models import path_problem
+from ..types import Producer
+
+# An offset is the chunk offset it stands for, then a part this server always sets to zero: the
+# shape the protocol's clients and suite use, fixed-width so that text order is offset order.
+_OFFSET = re.compile(r"([0-9]{16})_0{16}\Z")
+_OFFSET_LIMIT: Final = 10**16
+START: Final = "-1"
+NOW: Final = "now"
+
+# Stream-TTL, Producer-Epoch and Producer-Seq: decimal, no sign, no leading zero.
+_WHOLE = re.compile(r"(0|[1-9][0-9]*)\Z")
+JS_SAFE: Final = 2**53 - 1
+
+# Cursors count 20-second intervals from 2024-10-09 00:00 UTC (the protocol's defaults).
+_CURSOR_EPOCH: Final = datetime.datetime(2024, 10, 9, tzinfo=datetime.UTC).timestamp()
+_CURSOR_INTERVAL: Final = 20
+
+DEFAULT_CONTENT_TYPE: Final = "application/octet-stream"
+
+
+@dataclass
+class Refused(Exception):
+    """A request the protocol refuses: the status, what to do instead, and headers to add."""
+
+    status: int
+    message: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def format_offset(offset: int) -> str:
+    """The protocol offset of chunk offset ``offset`` (where the next read starts)."""
+    if not 0 <= offset < _OFFSET_LIMIT:
+        raise ValueError(f"offset {offset} does not fit the protocol's 16 digits")
+    return f"{offset:016d}_{0:016d}"
+
+
+def parse_offset(text: str, what: str = "offset") -> int:
+    """The chunk offset a protocol offset this server gave stands for; 400 for anything else."""
+    match = _OFFSET.match(text)
+    if match is None:
+        raise Refused(400, f"{what} {text[:80]!r} is not an offset this server gave (-1, now or a Stream-Next-Offset)")
+    return int(match.group(1))
+
+
+def read_offset(values: list[str]) -> str:
+    """The ``offset`` query parameter: -1 when absent, once at most, never empty."""
+    if not values:
+        return START
+    if len(values) > 1:
+        raise Refused(400, f"give offset once, not {len(values)} times")
+    if not values[0]:
+        raise Refused(400, "offset is empty: give -1, now or a Stream-Next-Offset")
+    return values[0]
+
+
+def stream_path(name: str) -> str:
+    """A stream's path from its URL, checked (``models.path_problem``)."""
+    problem = path_problem(name)
+    if problem is not None:
+        raise Refused(404 if name.startswith("__ds/") else 400, problem)
+    return name
+
+
+def whole(text: str, header: str, limit: int = JS_SAFE) -> int:
+    """A header's non-negative decimal integer, at most ``limit``; 400 otherwise."""
+    if not _WHOLE.match(text) or int(text) > limit:
+        raise Refused(400, f"{header} must be a whole number from 0 to {limit} without sign or leading zeros")
+    return int(text)
+
+
+def flag(value: str | None) -> bool:
+    """Stream-Closed: present only when exactly ``true``, in any case."""
+    return value is not None and value.strip().lower() == "true"
+
+
+def expiry(ttl: str | None, expires_at: str | None) -> tuple[int | None, datetime.datetime | None]:
+    """Stream-TTL and Stream-Expires-At, of which a request gives at most one."""
+    if ttl is not None and expires_at is not None:
+        raise Refused(400, "give Stream-TTL or Stream-Expires-At, not both")
+    if ttl is not None:
+        return whole(ttl, "Stream-TTL", 2**31 - 1), None
+    if expires_at is not None:
+        try:
+            moment = datetime.datetime.fromisoformat(expires_at.strip())
+        except ValueError:
+            moment = None
+        if moment is None or moment.tzinfo is None:
+            raise Refused(400, f"Stream-Expires-At {expires_at[:60]!r} is not an RFC 3339 time with a time zone")
+        return None, moment
+    return None, None
+
+
+def producer(headers: Any) -> Producer | None:
+    """Producer-Id, Producer-Epoch and Producer-Seq: all three or none."""
+    given = [headers.get(name) for name in ("Producer-Id", "Producer-Epoch", "Producer-Seq")]
+    if all(value is None for value in given):
+        return None
+    if any(value is None for value in given):
+        raise Refused(400, "give Producer-Id, Producer-Epoch and Producer-Seq together, or none of them")
+    producer_id, epoch, seq = given
+    if not producer_id.strip():
+        raise Refused(400, "Producer-Id must not be empty")
+    return Producer(producer_id, whole(epoch, "Producer-Epoch"), whole(seq, "Producer-Seq"))
+
+
+def json_messages(body: bytes, *, flatten: bool) -> list[str]:
+    """The JSON messages of a body: one value, or with ``flatten`` the items of a top-level array,
+    each as compact JSON text."""
+    try:
+        value = json.loads(body, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        raise Refused(400, f"the body is not valid JSON: {exc}") from None
+    values = value if flatten and isinstance(value, list) else [value]
+    return [_json_text(item) for item in values]
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _json_text(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # a lone surrogate from a \\ud800 escape: keep it escaped
+        text = json.dumps(value, separators=(",", ":"))
+    return text
+
+
+def text_body(body: bytes) -> str:
+    """The body of an append to a text stream: UTF-8, without NUL (which PostgreSQL text cannot hold)."""
+    try:
+        text = body.decode()
+    except UnicodeDecodeError as exc:
+        raise Refused(
+            400, f"the body is not UTF-8 text ({exc.reason} at byte {exc.start}); text streams hold text"
+        ) from None
+    if "\x00" in text:
+        raise Refused(400, "the body holds a NUL character, which a text stream cannot store; use a binary type")
+    return text
+
+
+def pieces(data: str | bytes, limit: int) -> Iterator[str | bytes]:
+    """``data`` cut into chunks of at most ``limit`` bytes (text at character boundaries)."""
+    if isinstance(data, bytes):
+        for start in range(0, len(data), limit):
+            yield data[start : start + limit]
+        return
+    encoded = data.encode()
+    start = 0
+    while start < len(encoded):
+        end = min(start + limit, len(encoded))
+        while end < len(encoded) and (encoded[end] & 0xC0) == 0x80:  # inside a character
+            end -= 1
+        yield encoded[start:end].decode()
+        start = end
+
+
+def cursor(given: str | None) -> str:
+    """A live response's Stream-Cursor: the current interval, and always past the client's."""
+    now = int((time.time() - _CURSOR_EPOCH) // _CURSOR_INTERVAL)
+    if given is not None and given.isdigit() and len(given) < 20 and int(given) >= now:
+        return str(int(given) + 1 + random.randrange(3600) // _CURSOR_INTERVAL)
+    return str(now)
+
+
+def etag(stream_id: uuid.UUID, start: int, end: int, closed: bool) -> str:
+    return f'"{stream_id.hex}:{start}:{end}{":c" if closed else ""}"'
+
+
+def etag_matches(tag: str, if_none_match: str | None) -> bool:
+    if not if_none_match:
+        return False
+    offered = {item.strip().removeprefix("W/") for item in if_none_match.split(",")}
+    return tag in offered or "*" in offered
+
+
+def body_of(chunks: Iterable[str | bytes], json_mode: bool) -> bytes:
+    """A read's body: JSON streams' messages as one array, others their chunks end to end."""
+    if json_mode:
+        return ("[" + ",".join(_as_text(c) for c in chunks) + "]").encode()
+    return b"".join(c if isinstance(c, bytes) else c.encode() for c in chunks)
+
+
+def _as_text(chunk: str | bytes) -> str:
+    return chunk.decode() if isinstance(chunk, bytes) else chunk
+
+
+_LINES = re.compile(r"\r\n|\r|\n")
+
+
+def sse_data(chunks: list[str | bytes], *, json_mode: bool, binary: bool) -> bytes:
+    """One ``data`` event: base64 for binary streams; otherwise the text, a ``data:`` line per
+    line (so that no payload can end the event or start another), its spaces kept."""
+    payload = body_of(chunks, json_mode)
+    if binary:
+        return b"event: data\ndata:" + base64.b64encode(payload) + b"\n\n"
+    lines = _LINES.split(payload.decode())
+    # A reader drops one space after "data:": a line that starts with one gets one more to drop.
+    return (
+        "event: data\n" + "".join(f"data: {line}\n" if line[:1] == " " else f"data:{line}\n" for line in lines) + "\n"
+    ).encode()
+
+
+def sse_control(next_offset: int, *, cursor_value: str | None, up_to_date: bool, closed: bool) -> bytes:
+    """A ``control`` event: where to resume; the cursor while the stream is open; whether the
+    reader is caught up, or at the end of a closed stream."""
+    control: dict[str, Any] = {"streamNextOffset": format_offset(next_offset)}
+    if closed:
+        control["streamClosed"] = True
+    else:
+        control["streamCursor"] = cursor_value
+    if up_to_date or closed:
+        control["upToDate"] = True
+    return f"event: control\ndata:{json.dumps(control, separators=(',', ':'))}\n\n".encode()
+
+
+SSE_KEEPALIVE: Final = b": keepalive\n\n"

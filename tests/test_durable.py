@@ -1,0 +1,252 @@
+"""The Durable Streams endpoint: the protocol's official conformance suite and official client
+against daphne, and what the suite does not check (pgstreams' authorization, CSRF, the same
+streams through pgstreams' own API, waiting without database connections)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.db import connection
+from django.test import AsyncClient, Client, override_settings
+from django.utils import timezone
+
+import pgstreams
+from pgstreams.durable import wire
+from pgstreams.models import Stream
+from tests.conftest import serving
+from tests.helpers import ROOT, free_port
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+NODE = ROOT / "node"
+OPEN = override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": "demo_project.chat.durable.allow_everything"})
+# How many non-skipped tests version 0.3.6 of the suite has.
+SUITE_TESTS = 332
+
+
+def node_suite() -> Path:
+    """The pinned suite and client, installed with ``npm ci`` if they are not yet; skips where
+    there is no node."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.skip("node and npm are not installed: the Durable Streams suite and client run on node")
+    if not (NODE / "node_modules" / "@durable-streams" / "server-conformance-tests").is_dir():
+        subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE, check=True, timeout=600)
+    return NODE
+
+
+def url(path: str) -> str:
+    return f"/pgstreams/v1/stream/{path}"
+
+
+def test_the_official_conformance_suite_passes_every_test(open_durable_server: str, tmp_path: Path) -> None:
+    suite = node_suite()
+    report = tmp_path / "report.json"
+    env = {**os.environ, "CONFORMANCE_TEST_URL": f"http://{open_durable_server}/pgstreams"}
+    command = ["npx", "vitest", "run", "conformance.test.mjs", "--reporter=json", f"--outputFile={report}"]
+    run = subprocess.run(command, cwd=suite, env=env, capture_output=True, text=True, timeout=900)
+    results = json.loads(report.read_text())
+    failed = [
+        f"{' > '.join(test['ancestorTitles'])} > {test['title']}: {test['failureMessages'][:1]}"
+        for file in results["testResults"]
+        for test in file["assertionResults"]
+        if test["status"] == "failed"
+    ]
+    print(
+        f"Durable Streams conformance suite: {results['numPassedTests']} passed, {results['numFailedTests']} failed, "
+        f"{results['numPendingTests']} skipped, of {results['numTotalTests']}"
+    )
+    assert not failed, "\n".join(failed) or run.stdout[-3000:]
+    assert results["numPassedTests"] == results["numTotalTests"] - results["numPendingTests"] >= SUITE_TESTS
+
+
+@pytest.mark.parametrize("live", ["long-poll", "sse"])
+def test_the_official_client_reads_resumes_and_tails_a_stream_written_with_write(
+    open_durable_server: str, live: str
+) -> None:
+    suite = node_suite()
+    stream = pgstreams.create_stream(path=f"interop/{live}", content_type="text/plain")
+    for token in ["Hello", ", ", "world"]:
+        pgstreams.write(stream, token)
+    stream_url = f"http://{open_durable_server}{url(stream.path)}"
+    command = ["node", "client_interop.mjs", stream_url, live, wire.format_offset(2)]
+    client = subprocess.Popen(command, cwd=suite, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        steps = {}
+        for line in client.stdout:  # bounded: the client exits after the stream closes
+            step = json.loads(line)
+            steps[step.pop("step")] = step
+            if "tailing" in steps and "written" not in steps:
+                time.sleep(0.3)  # the client's live request is waiting
+                for token in ["!", " more"]:
+                    pgstreams.write(stream, token)
+                    time.sleep(0.05)
+                pgstreams.close(stream)
+                steps["written"] = {}
+        assert client.wait(30) == 0, client.stderr.read()
+    finally:
+        client.kill()
+    print(json.dumps(steps))
+    assert steps["catch-up"] == {"text": "Hello, world", "offset": wire.format_offset(3), "upToDate": True}
+    assert steps["resume"] == {"text": "world"}
+    assert steps["live"] == {"text": "! more", "closed": True, "offset": wire.format_offset(5)}
+
+
+async def test_writes_are_refused_unless_the_project_allows_them() -> None:
+    client = AsyncClient()
+    stream = await pgstreams.acreate_stream(path="closed-shop/a")
+    refused = [
+        await client.put(url("closed-shop/b"), content_type="text/plain"),
+        await client.post(url("closed-shop/a"), "hi", content_type="text/plain"),
+        await client.post(url("closed-shop/a"), headers={"Stream-Closed": "true"}),
+        await client.delete(url("closed-shop/a")),
+    ]
+    assert [r.status_code for r in refused] == [403, 403, 403, 403]
+    assert refused[0]["X-Content-Type-Options"] == "nosniff"
+    await stream.arefresh_from_db()
+    assert (stream.next_offset, stream.is_closed) == (0, False)
+    assert not await Stream.objects.filter(path="closed-shop/b").aexists()
+    with OPEN:
+        assert (await client.put(url("closed-shop/b"), content_type="text/plain")).status_code == 201
+
+
+async def test_reads_follow_authorize_as_on_the_other_endpoints() -> None:
+    owner = await sync_to_async(get_user_model().objects.create_user)("owner", password="pw")
+    await pgstreams.acreate_stream(path="mine", owner=owner)
+    await pgstreams.acreate_stream(path="anyones")
+    anonymous, signed_in = AsyncClient(), AsyncClient()
+    await signed_in.aforce_login(owner)
+    assert (await anonymous.get(url("mine"))).status_code == 403
+    assert (await anonymous.head(url("mine"))).status_code == 403
+    assert (await anonymous.get(url("anyones"))).status_code == 200
+    assert (await signed_in.get(url("mine"))).status_code == 200
+
+
+async def test_a_writing_request_with_a_session_cookie_needs_the_csrf_token() -> None:
+    user = await sync_to_async(get_user_model().objects.create_user)("writer", password="pw")
+    client = AsyncClient(enforce_csrf_checks=True)
+    await client.aforce_login(user)
+    with OPEN:
+        assert (await client.put(url("csrf"), "first", content_type="text/plain")).status_code == 403
+        page = await client.get("/accounts/login/")  # sets the CSRF cookie
+        token = page.cookies["csrftoken"].value
+        created = await client.put(url("csrf"), "first", content_type="text/plain", headers={"X-CSRFToken": token})
+        assert created.status_code == 201
+        cookieless = AsyncClient(enforce_csrf_checks=True)  # an API client: nothing ambient to misuse
+        appended = await cookieless.post(url("csrf"), "x", content_type="text/plain")
+        assert appended.status_code == 204, appended.content
+
+
+async def test_a_stream_made_over_http_is_a_pgstreams_stream() -> None:
+    client = AsyncClient()
+    with OPEN:
+        await client.put(url("chat/1"), "Hello", content_type="text/plain")
+        await client.put(url("blob"), b"\x00\xff", content_type="application/octet-stream")
+        closing = {"Stream-Closed": "true"}
+        await client.post(url("blob"), b"\x01", content_type="application/octet-stream", headers=closing)
+    stream = await Stream.objects.aget(path="chat/1")
+    await pgstreams.awrite(stream, ", world")
+    await pgstreams.aclose(stream)
+    assert [c.data async for c in pgstreams.aread(stream)] == ["Hello", ", world"]
+    response = await client.get(url("chat/1"))
+    assert (response.content, response["Stream-Closed"]) == (b"Hello, world", "true")
+    blob = await Stream.objects.aget(path="blob")
+    assert [c.data async for c in pgstreams.aread(blob)] == [b"\x00\xff", b"\x01"]
+
+
+def test_waiting_long_polls_hold_no_database_connection() -> None:
+    port = free_port()
+    command = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "demo_project.asgi:application"]
+    stream = pgstreams.create_stream(path="many-waiters", content_type="text/plain")
+    request = (
+        f"GET {url(stream.path)}?offset={wire.format_offset(0)}&live=long-poll HTTP/1.1\r\n"
+        "Host: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    ).encode()
+    waiters = 200
+
+    def backends() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+            return cursor.fetchone()[0]
+
+    async def poll(sent: list[int]) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request)
+        await writer.drain()
+        sent.append(1)
+        answer = await reader.read()  # until daphne closes the connection
+        writer.close()
+        return answer
+
+    async def scenario() -> tuple[int, int, list[bytes]]:
+        before = await sync_to_async(backends)()
+        sent: list[int] = []
+        tasks = [asyncio.create_task(poll(sent)) for _ in range(waiters)]
+        for _ in range(100):  # bounded: until every request is sent
+            if len(sent) == waiters:
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)  # daphne has them all, waiting
+        during = await sync_to_async(backends)()
+        await sync_to_async(pgstreams.write)(stream, "wake")
+        return before, during, await asyncio.wait_for(asyncio.gather(*tasks), 20)
+
+    env = {"DEMO_OPEN_DURABLE_STREAMS": "1", "DEMO_LONG_POLL_TIMEOUT": "30"}
+    with serving(command, port, env=env):
+        before, during, answers = asyncio.run(scenario())
+    print(f"{waiters} long-polls waiting in one daphne process: {before} backends before, {during} while they waited")
+    # What the process opens whatever the number of readers: the listener's connection, its
+    # fetcher's, and the lookup threads' connections.
+    assert during - before <= 5
+    assert all(answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"wake") for answer in answers)
+
+
+async def test_a_binary_stream_reaches_sse_and_the_admin_as_bytes() -> None:
+    with OPEN:
+        await AsyncClient().put(url("png"), b"\x89PNG\r\n", content_type="image/png")
+    stream = await Stream.objects.aget(path="png")
+    await pgstreams.aclose(stream)
+    events = await AsyncClient().get(f"/pgstreams/streams/{stream.id}/events")
+    body = b"".join([part async for part in events.streaming_content]).decode()
+    assert '{"offset":0,"data":"iVBORw0K","encoding":"base64"}' in body
+    root = await sync_to_async(get_user_model().objects.create_superuser)("root", password="pw")
+    admin = AsyncClient()
+    await admin.aforce_login(root)
+    page = (await admin.get(f"/admin/pgstreams/stream/{stream.id}/change/")).content.decode()
+    assert "6 bytes" in page and "image/png" in page
+
+
+def test_prune_removes_expired_streams_and_a_source_with_forks_leaves_a_tombstone() -> None:
+    client = Client()
+    with OPEN:
+        for name in ("expired", "source", "alive"):
+            client.put(url(name), "x", content_type="text/plain", headers={"Stream-TTL": "60"})
+        fork = {"Stream-Forked-From": "source", "Stream-TTL": "3600"}
+        client.put(url("fork"), content_type="text/plain", headers=fork)
+    an_hour_ago = timezone.now() - datetime.timedelta(hours=1)
+    Stream.objects.filter(path__in=["expired", "source"]).update(used_at=an_hour_ago)
+    out = io.StringIO()
+    call_command("pgstreams_prune", "--closed-before", "7d", stdout=out)
+    assert "removed 2 expired stream(s)" in out.getvalue()
+    assert {(s.path, s.deleted_at is None) for s in Stream.objects.all()} == {
+        ("source", False),  # a tombstone: its fork remains
+        ("alive", True),
+        ("fork", True),
+    }
+    assert client.get(url("fork")).content == b"x"  # the fork kept its copy
+    assert client.head(url("source")).status_code == 410
+    with OPEN:
+        assert client.delete(url("fork")).status_code == 204
+    assert set(Stream.objects.values_list("path", flat=True)) == {"alive"}  # the tombstone went with its fork

@@ -1,0 +1,166 @@
+"""The Durable Streams vocabulary, pure: what the endpoint accepts and refuses before it touches
+the database (offsets, paths, TTLs, producer headers, bodies), and the shapes it sends."""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import json
+
+import pytest
+
+from pgstreams.durable import wire
+from pgstreams.durable.wire import Refused
+from pgstreams.types import Producer
+
+
+def refusal(call, *args, **kwargs) -> int:
+    with pytest.raises(Refused) as refused:
+        call(*args, **kwargs)
+    assert refused.value.message  # says what is wrong
+    return refused.value.status
+
+
+def test_offsets_are_fixed_width_sortable_and_round_trip() -> None:
+    offsets = [wire.format_offset(n) for n in (0, 9, 10, 123456)]
+    assert offsets == sorted(offsets) and len(set(map(len, offsets))) == 1
+    assert [wire.parse_offset(o) for o in offsets] == [0, 9, 10, 123456]
+    assert wire.format_offset(0) not in (wire.START, wire.NOW)
+    with pytest.raises(ValueError):
+        wire.format_offset(10**16)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["0,1", "0 1", "", "../0000000000000001_0000000000000000", "0000000000000001_0000000000000000/..",
+     "0000000000000001_0000000000000000\x00", "0000000000000001_0000000000000001", "00000000000000001_0000000000000000",
+     "9999999999999999_9999999999999999", "-2", "1", "NOW"],
+)  # fmt: skip
+def test_an_offset_this_server_did_not_give_is_refused(bad: str) -> None:
+    assert refusal(wire.parse_offset, bad) == 400
+
+
+def test_the_offset_parameter_is_given_once_and_not_empty() -> None:
+    assert wire.read_offset([]) == wire.START
+    assert refusal(wire.read_offset, ["a", "b"]) == 400
+    assert refusal(wire.read_offset, [""]) == 400
+
+
+@pytest.mark.parametrize("bad", ["", "a" * 513, "../etc", "a/../b", "a//b", "a/./b", "a/", "tab\there", "back\\slash"])
+def test_a_hostile_path_is_refused(bad: str) -> None:
+    assert refusal(wire.stream_path, bad) == 400
+
+
+def test_the_protocols_reserved_root_is_not_a_stream() -> None:
+    assert refusal(wire.stream_path, "__ds/subscriptions/x") == 404
+    assert wire.stream_path("chats/42/answer") == "chats/42/answer"
+
+
+@pytest.mark.parametrize("bad", ["00060", "+60", "60.5", "1e3", "-1", "abc", "", str(2**31)])
+def test_a_ttl_is_a_plain_whole_number_of_seconds(bad: str) -> None:
+    assert refusal(wire.expiry, bad, None) == 400
+
+
+def test_expiry_is_a_ttl_or_a_time_with_a_zone_never_both() -> None:
+    assert wire.expiry("3600", None) == (3600, None)
+    assert wire.expiry(None, "2030-01-01T00:00:00Z")[1] == datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC)
+    assert wire.expiry(None, "2030-01-01T01:00:00+01:00")[1] == datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC)
+    assert refusal(wire.expiry, "60", "2030-01-01T00:00:00Z") == 400
+    assert refusal(wire.expiry, None, "2030-01-01T00:00:00") == 400  # no zone
+    assert refusal(wire.expiry, None, "not-a-timestamp") == 400
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Producer-Id": "p"},
+        {"Producer-Id": "p", "Producer-Epoch": "0"},
+        {"Producer-Epoch": "0", "Producer-Seq": "0"},
+        {"Producer-Id": " ", "Producer-Epoch": "0", "Producer-Seq": "0"},
+        {"Producer-Id": "p", "Producer-Epoch": "0", "Producer-Seq": "1abc"},
+        {"Producer-Id": "p", "Producer-Epoch": "-1", "Producer-Seq": "0"},
+        {"Producer-Id": "p", "Producer-Epoch": "1e3", "Producer-Seq": "0"},
+        {"Producer-Id": "p", "Producer-Epoch": "0", "Producer-Seq": str(2**53)},
+    ],
+)
+def test_malformed_producer_headers_are_refused(headers: dict[str, str]) -> None:
+    assert refusal(wire.producer, headers) == 400
+
+
+def test_producer_headers_make_a_producer_or_none() -> None:
+    assert wire.producer({}) is None
+    headers = {"Producer-Id": "p", "Producer-Epoch": "2", "Producer-Seq": str(2**53 - 1)}
+    assert wire.producer(headers) == Producer("p", 2, 2**53 - 1)
+
+
+def test_stream_closed_is_true_only_when_it_says_true() -> None:
+    assert [wire.flag(v) for v in ("true", "TRUE", " True ", "false", "1", "yes", "", None)] == [True] * 3 + [False] * 5
+
+
+def test_json_bodies_flatten_one_level_and_keep_values_exact() -> None:
+    assert wire.json_messages(b'{"a": 1}', flatten=True) == ['{"a":1}']
+    assert wire.json_messages(b"[[1,2],[3,4]]", flatten=True) == ["[1,2]", "[3,4]"]
+    assert wire.json_messages(b"[[[1]]]", flatten=True) == ["[[1]]"]
+    assert wire.json_messages(b"[]", flatten=True) == []
+    # A lone surrogate (which PostgreSQL text cannot hold) stays escaped.
+    assert wire.json_messages('["é", "\\ud800"]'.encode(), flatten=True) == ['"é"', '"\\ud800"']
+
+
+@pytest.mark.parametrize("bad", [b"{ invalid }", b"NaN", b"[1, Infinity]", b"\xff", b"[" * 100_000])
+def test_a_body_that_is_not_json_is_refused(bad: bytes) -> None:
+    assert refusal(wire.json_messages, bad, flatten=True) == 400
+
+
+def test_a_text_stream_takes_utf8_without_nul() -> None:
+    assert wire.text_body("héllo".encode()) == "héllo"
+    assert refusal(wire.text_body, b"\xc3") == 400
+    assert refusal(wire.text_body, b"a\x00b") == 400
+
+
+def test_large_bodies_are_cut_into_chunks_at_character_boundaries() -> None:
+    text = "aé€😀" * 1000
+    pieces = list(wire.pieces(text, 7))
+    assert "".join(pieces) == text and all(len(p.encode()) <= 7 for p in pieces)
+    assert list(wire.pieces(bytes(range(10)), 4)) == [bytes(range(4)), bytes(range(4, 8)), bytes(range(8, 10))]
+
+
+def test_sse_payloads_cannot_start_an_event_of_their_own() -> None:
+    event = wire.sse_data(["a\r\n\r\nevent: control\rdata: x\n\nb"], json_mode=False, binary=False).decode()
+    assert event.count("\n\n") == 1 and event.endswith("\n\n")
+    assert all(line.startswith(("event:", "data:")) for line in event.strip("\n").split("\n"))
+    binary = wire.sse_data([b"\x00\n\r", b"\xff"], json_mode=False, binary=True).decode()
+    assert base64.b64decode(binary.split("data:")[1]) == b"\x00\n\r\xff"
+    assert json.loads(wire.sse_data(['{"a":1}', "2"], json_mode=True, binary=False).decode().split("data:")[1]) == [
+        {"a": 1},
+        2,
+    ]
+
+
+def test_control_events_carry_a_cursor_only_while_the_stream_is_open() -> None:
+    open_ = json.loads(wire.sse_control(3, cursor_value="7", up_to_date=True, closed=False).decode().split("data:")[1])
+    closed = json.loads(wire.sse_control(3, cursor_value="7", up_to_date=True, closed=True).decode().split("data:")[1])
+    assert open_ == {"streamNextOffset": wire.format_offset(3), "streamCursor": "7", "upToDate": True}
+    assert closed == {"streamNextOffset": wire.format_offset(3), "streamClosed": True, "upToDate": True}
+
+
+def test_a_cursor_always_moves_past_the_clients() -> None:
+    now = int(wire.cursor(None))
+    assert int(wire.cursor(str(now))) > now
+    assert int(wire.cursor(str(now + 1000))) > now + 1000
+
+
+def test_etags_vary_with_range_and_closure_and_match_lists() -> None:
+    import uuid
+
+    sid = uuid.uuid4()
+    tag = wire.etag(sid, 0, 3, False)
+    assert tag != wire.etag(sid, 0, 3, True) and tag != wire.etag(sid, 0, 4, False)
+    assert wire.etag_matches(tag, f'"other", W/{tag}')
+    assert not wire.etag_matches(tag, '"wrong"') and not wire.etag_matches(tag, None)
+
+
+def test_sse_text_keeps_the_spaces_a_line_starts_with() -> None:
+    event = wire.sse_data([" more", "\n  two"], json_mode=False, binary=False).decode()
+    lines = [line.removeprefix("data:") for line in event.splitlines() if line.startswith("data:")]
+    # An SSE reader drops one space after the colon, as the official client does.
+    assert [line[1:] if line.startswith(" ") else line for line in lines] == [" more", "  two"]
