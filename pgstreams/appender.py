@@ -65,7 +65,9 @@ locked AS (
     FOR NO KEY UPDATE OF s
 ),
 moved AS (
-    UPDATE pgstreams_stream AS s SET next_offset = l.base + l.n FROM locked AS l WHERE s.id = l.id
+    UPDATE pgstreams_stream AS s
+    SET next_offset = l.base + l.n, used_at = CASE WHEN s.ttl IS NULL THEN s.used_at ELSE now() END
+    FROM locked AS l WHERE s.id = l.id
 ),
 written AS (
     INSERT INTO pgstreams_chunk (stream_id, "offset", data, created_at)

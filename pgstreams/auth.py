@@ -40,7 +40,7 @@ def default_durable_authorize(request: Any, action: str, path: str, stream: Stre
 
 
 def _readable_stream(user: Any, stream_id: uuid.UUID) -> Stream:
-    stream = Stream.objects.using(conf.database()).filter(pk=stream_id).first()
+    stream = Stream.objects.using(conf.database()).filter(pk=stream_id, deleted_at__isnull=True).first()
     if stream is None:
         raise StreamNotFound(f"no stream {stream_id}")
     if not conf.authorize()(user, stream):

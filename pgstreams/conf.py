@@ -254,9 +254,10 @@ async_threads: Setting[int] = Setting(
     4,
     Rule(lambda v: _whole(v) and v > 0, "a positive whole number of threads"),
     "pgstreams.E017",
-    "threads per process on which `awrite` and the other async twins run their queries, each keeping a Django "
-    "connection of its own open (the WebSocket and SSE endpoints' authorization lookups have two threads of their "
-    "own, so writes waiting on locks never hold up a connect)",
+    "threads per process on which `awrite` and the other async twins run their queries, and as many for the "
+    "Durable Streams endpoint's requests, each keeping a Django connection of its own open (the WebSocket and SSE "
+    "endpoints' authorization lookups have two threads of their own, so writes waiting on locks never hold up a "
+    "connect)",
 )
 
 

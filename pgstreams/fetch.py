@@ -36,7 +36,7 @@ FETCH_KEYS: Final = 256
 FETCH_SQL = """
 SELECT w.i, s.next_offset, s.closed_at IS NOT NULL, c."offset", c.data, c.blob, c.created_at
 FROM unnest(%b::uuid[], %b::bigint[]) WITH ORDINALITY AS w(stream_id, from_offset, i)
-LEFT JOIN pgstreams_stream AS s ON s.id = w.stream_id
+LEFT JOIN pgstreams_stream AS s ON s.id = w.stream_id AND s.deleted_at IS NULL  -- a tombstone is no stream
 LEFT JOIN LATERAL (
     SELECT k."offset", k.data, k.blob, k.created_at
     FROM pgstreams_chunk AS k
@@ -48,7 +48,9 @@ ORDER BY w.i, c."offset"
 """
 
 # With READ_DATABASE: what the primary says of streams readers start on.
-PRIMARY_STATE_SQL = "SELECT id, next_offset, closed_at IS NOT NULL FROM pgstreams_stream WHERE id = ANY(%s)"
+PRIMARY_STATE_SQL = (
+    "SELECT id, next_offset, closed_at IS NOT NULL FROM pgstreams_stream WHERE id = ANY(%s) AND deleted_at IS NULL"
+)
 
 
 class Connections:

@@ -40,6 +40,7 @@ def parse_cutoff(value: str, now: datetime.datetime | None = None) -> datetime.d
 # The oldest closed streams first, read from the partial index on (closed_at, id).
 CANDIDATES_SQL = (
     "SELECT id, next_offset FROM pgstreams_stream WHERE closed_at IS NOT NULL AND closed_at < %s"
+    " AND deleted_at IS NULL"
     " ORDER BY closed_at, id LIMIT %s"
 )
 
@@ -55,7 +56,7 @@ def prunable(cutoff: datetime.datetime, using: str | None = None) -> Pruned:
     with connections[using or conf.database()].cursor() as cursor:
         cursor.execute(
             "SELECT count(*), coalesce(sum(next_offset), 0) FROM pgstreams_stream"
-            " WHERE closed_at IS NOT NULL AND closed_at < %s",
+            " WHERE closed_at IS NOT NULL AND closed_at < %s AND deleted_at IS NULL",
             [cutoff],
         )
         streams, chunks = cursor.fetchone()
@@ -70,7 +71,8 @@ def prune(
     progress: Callable[[Pruned], None] | None = None,
 ) -> Pruned:
     """Delete the streams closed before ``cutoff`` with their chunks, at most ``batch`` chunks
-    per transaction; open streams are never touched. Returns what was deleted."""
+    per transaction; open streams and tombstones (deleted streams whose forks remain) are never
+    touched. Returns what was deleted."""
     if batch < 1:
         raise ValueError("batch must be at least 1")
     alias = using or conf.database()
@@ -113,13 +115,15 @@ def expired(using: str | None = None) -> int:
 
 def prune_expired(*, using: str | None = None, batch: int = 100) -> int:
     """Remove every stream whose Durable Streams expiry (TTL or Expires-At) has passed, ``batch``
-    streams at a time; returns how many. Requests remove such streams too, when they meet them."""
-    from .durable.store import remove_expired  # not at import: models load after this module
+    streams at a time, then the tombstones whose forks are all gone; returns how many streams
+    expired. Requests remove expired streams too, when they meet them."""
+    from .durable.store import remove_expired, remove_orphan_tombstones  # not at import: models load later
 
     alias = using or conf.database()
     removed = 0
     while (done := remove_expired(alias, batch)) > 0:
         removed += done
+    remove_orphan_tombstones(alias)
     return removed
 
 

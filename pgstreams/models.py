@@ -125,6 +125,13 @@ class Stream(models.Model):
             ),
             # A delete asks whether the stream has forks; few streams are forks.
             models.Index(fields=["forked_from"], name="pgstreams_stream_forks", condition=Q(forked_from__isnull=False)),
+            # Pruning looks for expired streams and for tombstones; few streams are either.
+            models.Index(
+                fields=["id"],
+                name="pgstreams_stream_expiring",
+                condition=Q(deleted_at__isnull=True) & (Q(ttl__isnull=False) | Q(expires_at__isnull=False)),
+            ),
+            models.Index(fields=["id"], name="pgstreams_stream_tombstones", condition=Q(deleted_at__isnull=False)),
         ]
         constraints = [
             # Built without blocking writers by migration 0003.

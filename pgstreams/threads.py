@@ -1,7 +1,8 @@
-"""Where async callers run pgstreams' blocking database work: two pools of named threads per
+"""Where async callers run pgstreams' blocking database work: three pools of named threads per
 process, each thread with Django connections of its own. ``writes`` (``ASYNC_THREADS`` threads)
 runs the async twins of the writers; ``lookups`` (two threads) runs the WebSocket and SSE
-endpoints' authorization lookups, so that writes waiting on row locks never hold up a connect.
+endpoints' authorization lookups, so that writes waiting on row locks never hold up a connect;
+``durable`` (``ASYNC_THREADS`` threads) runs the Durable Streams endpoint's requests.
 
 Not asgiref's one shared thread, which ``sync_to_async`` uses by default outside a request: there,
 one write waiting on a row lock would hold up every other write and every WebSocket's
@@ -60,6 +61,7 @@ class Pool:
 
 writes = Pool("pgstreams-write", conf.async_threads)
 lookups = Pool("pgstreams-lookup", lambda: LOOKUP_THREADS)
+durable = Pool("pgstreams-durable", conf.async_threads)
 
 
 def _drop_broken_connections() -> None:

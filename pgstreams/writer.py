@@ -22,10 +22,11 @@ from .types import Mark, Producer, stream_uuid
 # The stream row's counter is taken and the chunk inserted in one statement. The UPDATE's row
 # lock serialises the writers of one stream until commit, so per stream commit order is offset
 # order and a rolled-back write leaves no gap. No row from the UPDATE: unknown or closed stream.
-# {level}, {from_level} and {notify} are filled in by _statement() from the constants below.
+# {level}, {from_level} and {notify} are filled in by _statement() from the constants below;
+# {used_at} counts the write as use of a stream with a Durable Streams TTL.
 _WRITE_SQL = """
 WITH {level}s AS (
-    UPDATE pgstreams_stream SET next_offset = next_offset + 1 {from_level}
+    UPDATE pgstreams_stream SET next_offset = next_offset + 1, used_at = {used_at} {from_level}
     WHERE id = %(id)s AND closed_at IS NULL
     RETURNING next_offset - 1 AS off
 )
@@ -36,7 +37,7 @@ RETURNING "offset"{notify}
 
 _WRITE_MANY_SQL = """
 WITH {level}s AS (
-    UPDATE pgstreams_stream SET next_offset = next_offset + %(n)s {from_level}
+    UPDATE pgstreams_stream SET next_offset = next_offset + %(n)s, used_at = {used_at} {from_level}
     WHERE id = %(id)s AND closed_at IS NULL
     RETURNING next_offset - %(n)s AS base
 )
@@ -48,7 +49,7 @@ RETURNING "offset"{notify}
 
 _CLOSE_SQL = """
 WITH {level}c AS (
-    UPDATE pgstreams_stream SET closed_at = now() {from_level}
+    UPDATE pgstreams_stream SET closed_at = now(), used_at = {used_at} {from_level}
     WHERE id = %(id)s AND closed_at IS NULL
     RETURNING next_offset
 )
@@ -80,10 +81,14 @@ _TEMPLATES = {
 }
 
 
+_USED_AT = "CASE WHEN ttl IS NULL THEN used_at ELSE now() END"
+
+
 @cache
 def _statement(kind: str, per_write: bool, with_level: bool) -> str:
     template, notify_sql = _TEMPLATES[kind]
     return template.format(
+        used_at=_USED_AT,
         level=_LEVEL_CTE if with_level else "",
         from_level="FROM level" if with_level else "",
         notify=notify_sql if per_write else "",

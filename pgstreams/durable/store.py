@@ -1,6 +1,7 @@
 """The Durable Streams endpoint's database work: find a stream by its path, then create (or fork),
-append to, close, delete, describe or read it, each in one transaction on ``DATABASE`` with the
-request's authorization (``PGSTREAMS['DURABLE_AUTHORIZE']``) checked inside it.
+append to, close or delete it in one transaction on ``DATABASE``, or describe or read it, with the
+request's authorization (``PGSTREAMS['DURABLE_AUTHORIZE']``) asked before anything about the
+stream is told (a missing stream is asked about as None).
 
 Synchronous (the views run it on pgstreams' threads) and free of HTTP: a request the protocol
 refuses raises ``wire.Refused``. Live reads wait on the listener in the views, not here.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import datetime
 import uuid
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
 from django.db import IntegrityError, connections, transaction
@@ -25,7 +27,7 @@ from .. import conf, notify, producers
 from ..exceptions import ProducerFenced, ProducerGap
 from ..models import Stream, is_text, media_type
 from ..types import Mark, Producer
-from ..writer import after_commit
+from ..writer import after_commit, committed
 from . import wire
 from .wire import Refused
 
@@ -111,17 +113,21 @@ def _lookup(alias: str, path: str, *, lock: bool = False) -> Stream | None:
 
 
 def _remove_if_expired(alias: str, stream_id: uuid.UUID) -> bool:
-    """Remove the stream if its expiry has passed, checked under its row lock (a request may have
-    just used it); return whether it was."""
+    """Remove the stream if its expiry has passed, checked under its row lock; a stream whose row
+    another transaction holds is being used, and stays."""
     with transaction.atomic(using=alias):
-        stream = Stream.objects.using(alias).select_for_update(no_key=True).filter(pk=stream_id).first()
+        locked = Stream.objects.using(alias).select_for_update(no_key=True, skip_locked=True)
+        stream = locked.filter(pk=stream_id).first()
         if stream is None or stream.deleted_at is not None or not stream.expired(timezone.now()):
             return False
         _remove(alias, stream)
         return True
 
 
-def _live(stream: Stream | None, path: str) -> Stream:
+def _existing(request: Any, action: Action, path: str, stream: Stream | None) -> Stream:
+    """``stream`` if the request may ``action`` it; asked first, so that a refused request learns
+    nothing of the path (a missing stream or a tombstone is asked about as None)."""
+    authorize(request, action, path, _visible(stream))
     if stream is None:
         raise Refused(404, f"no stream at {path!r}")
     if stream.deleted_at is not None:
@@ -129,9 +135,17 @@ def _live(stream: Stream | None, path: str) -> Stream:
     return stream
 
 
+def _visible(stream: Stream | None) -> Stream | None:
+    """What the authorization hook is shown: the stream, unless it is a tombstone."""
+    return stream if stream is not None and stream.deleted_at is None else None
+
+
 def _remove(alias: str, stream: Stream) -> None:
-    """Delete a stream; while forks of it remain, leave a tombstone that keeps its path. A
-    tombstone whose last fork this was goes too, and so on up the chain."""
+    """Delete a stream; while forks of it remain, leave a tombstone that keeps its path (closed,
+    so that writers are refused, and without chunks). A tombstone whose last fork this was goes
+    too, and so on up the chain. Its readers learn it once the transaction commits."""
+    gone = [Mark(stream.id, stream.next_offset, True)]
+    transaction.on_commit(partial(committed, conf.notify_mode(), gone, 0), using=alias)
     current: Stream | None = stream
     with connections[alias].cursor() as cursor:
         while current is not None:
@@ -170,19 +184,34 @@ def remove_expired(alias: str, limit: int) -> int:
     return sum(_remove_if_expired(alias, stream_id) for stream_id in candidates)
 
 
+# Tombstones none of whose forks remain (pruning deletes a closed fork without its source).
+_ORPHANS_SQL = (
+    "DELETE FROM pgstreams_stream AS t WHERE t.deleted_at IS NOT NULL"
+    " AND NOT EXISTS (SELECT 1 FROM pgstreams_stream AS f WHERE f.forked_from_id = t.id)"
+)
+
+
+def remove_orphan_tombstones(alias: str) -> int:
+    """Remove the tombstones whose forks are all gone, up the chains; return how many."""
+    removed = 0
+    with connections[alias].cursor() as cursor:
+        while True:
+            cursor.execute(_ORPHANS_SQL)
+            if cursor.rowcount <= 0:
+                return removed
+            removed += cursor.rowcount
+
+
 def head(request: Any, path: str) -> State:
     """HEAD: the stream's state (a HEAD does not count as use for its TTL)."""
-    stream = _live(_lookup(conf.database(), path), path)
-    authorize(request, "read", path, stream)
-    return State.of(stream)
+    return State.of(_existing(request, "read", path, _lookup(conf.database(), path)))
 
 
 def read(request: Any, path: str, offset: str) -> Read:
     """GET: the chunks from ``offset`` (``-1``, ``now`` or one this server gave), as many as one
     response holds, up to the stream's tail when the read began."""
     alias = conf.database()
-    stream = _live(_lookup(alias, path), path)
-    authorize(request, "read", path, stream)
+    stream = _existing(request, "read", path, _lookup(alias, path))
     if stream.ttl is not None:
         _use(alias, stream)
     state = State.of(stream)
@@ -198,31 +227,45 @@ def read(request: Any, path: str, offset: str) -> Read:
 
 
 def _use(alias: str, stream: Stream) -> None:
-    """Count a read or write as use of a stream with a TTL."""
-    stream.used_at = timezone.now()
-    Stream.objects.using(alias).filter(pk=stream.pk).update(used_at=stream.used_at)
+    """Count a read as use of a stream with a TTL. A row another transaction holds is being
+    written, which counts as use already: the read does not wait for it."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            "UPDATE pgstreams_stream SET used_at = now() WHERE id = ("
+            "SELECT id FROM pgstreams_stream WHERE id = %s FOR NO KEY UPDATE SKIP LOCKED)",
+            [stream.id],
+        )
+
+
+# Chunks from an offset, as many as start within a response's bytes (their sizes read from the
+# values' headers: nothing past the limit is loaded).
+_CHUNKS_SQL = """
+SELECT "offset", data, blob FROM (
+    SELECT "offset", data, blob,
+           sum(coalesce(octet_length(data), octet_length(blob))) OVER (ORDER BY "offset")
+           - coalesce(octet_length(data), octet_length(blob)) AS before
+    FROM pgstreams_chunk
+    WHERE stream_id = %(stream)s AND "offset" >= %(start)s AND "offset" < %(end)s
+    ORDER BY "offset" LIMIT %(chunks)s
+) AS c
+WHERE before < %(bytes)s ORDER BY "offset"
+"""
 
 
 def _chunks(alias: str, stream_id: uuid.UUID, start: int, end: int) -> list[str | bytes]:
-    """Chunks ``start`` to at most ``end - 1``, within one response's limits; 410 if ``start``
-    is gone (pruned)."""
+    """Chunks ``start`` to at most ``end - 1``, within one response's limits (at least one);
+    410 if ``start`` is gone (pruned)."""
     if start >= end:
         return []
+    params = {"stream": stream_id, "start": start, "end": end, "chunks": READ_CHUNKS, "bytes": READ_BYTES}
     with connections[alias].cursor() as cursor:
-        cursor.execute(
-            'SELECT "offset", data, blob FROM pgstreams_chunk WHERE stream_id = %s AND "offset" >= %s'
-            ' AND "offset" < %s ORDER BY "offset" LIMIT %s',
-            [stream_id, start, end, READ_CHUNKS],
-        )
+        cursor.execute(_CHUNKS_SQL, params)
         rows = cursor.fetchall()
     chunks: list[str | bytes] = []
-    size = 0
     for offset, data, blob in rows:
-        if offset != start + len(chunks) or size >= READ_BYTES:
-            break
-        chunk = data if data is not None else bytes(blob)
-        chunks.append(chunk)
-        size += len(chunk)
+        if offset != start + len(chunks):
+            break  # a gap: the response stops before it
+        chunks.append(data if data is not None else bytes(blob))
     if not chunks:
         raise Refused(410, f"offset {wire.format_offset(start)} is no longer held (pruned)")
     return chunks
@@ -232,9 +275,7 @@ def delete(request: Any, path: str) -> None:
     """DELETE: remove the stream, or leave a tombstone while forks of it remain."""
     alias = conf.database()
     with transaction.atomic(using=alias):
-        stream = _live(_lookup(alias, path, lock=True), path)
-        authorize(request, "delete", path, stream)
-        _remove(alias, stream)
+        _remove(alias, _existing(request, "delete", path, _lookup(alias, path, lock=True)))
 
 
 def create(
@@ -251,12 +292,13 @@ def create(
     """PUT: create the stream (or fork), or find it already there with the same configuration.
     Returns its state and whether it was created."""
     alias = conf.database()
+    attempt = partial(_create, request, alias, path, content_type, ttl, expires_at, closed, body, fork)
     try:
         with transaction.atomic(using=alias):
-            return _create(request, alias, path, content_type, ttl, expires_at, closed, body, fork)
+            return attempt()
     except IntegrityError:  # another request created it first: compare with that one
         with transaction.atomic(using=alias):
-            return _create(request, alias, path, content_type, ttl, expires_at, closed, body, fork)
+            return attempt()
 
 
 def _create(
@@ -273,11 +315,11 @@ def _create(
     source = None
     if fork is not None:
         source = _lookup(alias, fork.source, lock=True)
+        authorize(request, "read", fork.source, _visible(source))
         if source is None:
             raise Refused(404, f"no stream at {fork.source!r} to fork")
         if source.deleted_at is not None:
             raise Refused(409, f"the stream at {fork.source!r} was deleted; it cannot be forked")
-        authorize(request, "read", fork.source, source)
         if content_type is None:
             content_type = source.content_type
         elif media_type(content_type) != media_type(source.content_type):
@@ -287,10 +329,10 @@ def _create(
     content_type = content_type or wire.DEFAULT_CONTENT_TYPE
 
     existing = _lookup(alias, path, lock=True)
+    authorize(request, "create", path, _visible(existing))
     if existing is not None:
         if existing.deleted_at is not None:
             raise Refused(409, f"the stream at {path!r} was deleted while forks of it remain; its path stays taken")
-        authorize(request, "create", path, existing)
         same = (
             media_type(existing.content_type) == media_type(content_type)
             and existing.ttl == ttl
@@ -302,7 +344,6 @@ def _create(
             raise Refused(409, f"a stream exists at {path!r} with another configuration")
         return State.of(existing), False
 
-    authorize(request, "create", path, None)
     user = getattr(request, "user", None)
     stream = Stream(
         path=path,
@@ -385,7 +426,7 @@ def _body_chunks(stream: Stream, body: bytes, *, appending: bool) -> list[str | 
     if media_type(stream.content_type) == "application/json":
         if not body:
             return []
-        messages = wire.json_messages(body, flatten=True)
+        messages = wire.json_messages(body)
         if appending and not messages:
             raise Refused(400, "an append of an empty JSON array appends nothing; send at least one value")
         for message in messages:
@@ -439,8 +480,11 @@ def append(
     says: the producer's epoch and seq, the stream's closure, the content type, Stream-Seq."""
     alias = conf.database()
     with transaction.atomic(using=alias):
-        stream = _live(_lookup(alias, path, lock=True), path)
-        authorize(request, "close" if closing and not body else "append", path, stream)
+        stream = _existing(
+            request, "close" if closing and not body else "append", path, _lookup(alias, path, lock=True)
+        )
+        if closing and body:
+            authorize(request, "close", path, stream)  # an append that closes needs both
         if producer is not None:
             duplicate = _check_producer(alias, stream, producer)
             if duplicate is not None:
@@ -448,11 +492,7 @@ def append(
         if stream.is_closed:
             if closing and not body:
                 return Appended(State.of(stream), 204)
-            raise Refused(
-                409,
-                f"the stream at {path!r} is closed",
-                {"Stream-Closed": "true", "Stream-Next-Offset": wire.format_offset(stream.next_offset)},
-            )
+            raise _closed(stream)
         if body and media_type(content_type or "") != media_type(stream.content_type):
             raise Refused(409, f"the stream's content type is {stream.content_type}, not {content_type}")
         if writer_seq is not None:
@@ -469,14 +509,22 @@ def append(
         return Appended(State.of(stream), 204 if not body else 200, (producer.epoch, producer.seq))
 
 
+def _closed(stream: Stream) -> Refused:
+    headers = {"Stream-Closed": "true", "Stream-Next-Offset": wire.format_offset(stream.next_offset)}
+    return Refused(409, f"the stream at {stream.path!r} is closed", headers)
+
+
 def _check_producer(alias: str, stream: Stream, producer: Producer) -> tuple[int, int] | None:
-    """``producers.check``, its refusals as the protocol's statuses."""
+    """``producers.check``, its refusals as the protocol's statuses (a gap in a closed stream as
+    the stream's closure, which the protocol puts first)."""
     try:
         with connections[alias].cursor() as cursor:
             return producers.check(cursor, stream.id, producer)
     except ProducerFenced as exc:
         raise Refused(403, str(exc), {"Producer-Epoch": str(exc.epoch)}) from None
     except ProducerGap as exc:
+        if stream.is_closed:
+            raise _closed(stream) from None
         raise Refused(
             409, str(exc), {"Producer-Expected-Seq": str(exc.expected), "Producer-Received-Seq": str(producer.seq)}
         ) from None

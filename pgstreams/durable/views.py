@@ -10,6 +10,7 @@ a project that serves other origins adds one (django-cors-headers), as for any o
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from urllib.parse import unquote, urlsplit
@@ -23,7 +24,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from .. import conf, metrics, threads
 from ..exceptions import ChunksPruned, ReadTimeout, StreamNotFound
-from ..reader import Progress, afollow
+from ..reader import afollow
 from . import store, wire
 from .wire import Refused
 
@@ -46,21 +47,22 @@ _RESPONSE_HEADERS = (
 _METHODS = "GET, HEAD, PUT, POST, DELETE, OPTIONS"
 _CACHEABLE = "private, max-age=60, stale-while-revalidate=300"
 
-_create = threads.writes.wrap(store.create)
-_append = threads.writes.wrap(store.append)
-_delete = threads.writes.wrap(store.delete)
-_head = threads.lookups.wrap(store.head)
-_read = threads.lookups.wrap(store.read)
+_create = threads.durable.wrap(store.create)
+_append = threads.durable.wrap(store.append)
+_delete = threads.durable.wrap(store.delete)
+_head = threads.durable.wrap(store.head)
+_read = threads.durable.wrap(store.read)
+_csrf_check = threads.durable.wrap(CsrfViewMiddleware(lambda r: HttpResponse()).process_view)
 
 
-@csrf_exempt  # checked below, for requests that carry a session cookie
+@csrf_exempt  # checked below, for requests that carry a browser's credentials
 async def stream(request: HttpRequest, path: str) -> HttpResponseBase:
     try:
         name = wire.stream_path(path)
         if request.method == "OPTIONS":
             response: HttpResponseBase = _preflight()
         else:
-            refused = _csrf_refusal(request)
+            refused = await _csrf_refusal(request)
             if refused is not None:
                 return _secured(refused)
             response = await _handle(request, name)
@@ -91,18 +93,27 @@ async def _handle(request: HttpRequest, name: str) -> HttpResponseBase:
     return response
 
 
-def _csrf_refusal(request: HttpRequest) -> HttpResponseBase | None:
-    """Django's CSRF check for a writing request that a browser may have sent with the user's
-    session cookie; requests without one (API clients) carry no ambient authority to misuse."""
-    if request.method in ("GET", "HEAD") or settings.SESSION_COOKIE_NAME not in request.COOKIES:
+async def _csrf_refusal(request: HttpRequest) -> HttpResponseBase | None:
+    """Django's CSRF check for a writing request that carries what a browser sends by itself
+    (cookies, or HTTP Basic or Digest credentials), which a page of another site could make it
+    send; a request with neither (an API client with a token) has no such authority to misuse.
+    The body is read first, so that the check never parses it as a form."""
+    if request.method in ("GET", "HEAD"):
         return None
-    return CsrfViewMiddleware(lambda r: HttpResponse()).process_view(request, None, (), {})  # type: ignore[arg-type]
+    authorization = request.headers.get("Authorization", "").split(" ", 1)[0].lower()
+    if not request.COOKIES and authorization not in ("basic", "digest"):
+        return None
+    _body(request)
+    return await _csrf_check(request, None, (), {})
 
 
 def _secured(response: HttpResponseBase) -> HttpResponseBase:
-    """The headers every answer carries: no MIME sniffing, fetchable from other origins that the
-    project's CORS policy lets in, and which protocol headers their scripts may read."""
+    """The headers every answer carries: no MIME sniffing; a stream opened in a tab (its content
+    type is its creator's choice: HTML, SVG) runs nothing, in a sandbox without the site's
+    origin; fetchable from other origins that the project's CORS policy lets in, and which
+    protocol headers their scripts may read."""
     response["X-Content-Type-Options"] = "nosniff"
+    response["Content-Security-Policy"] = "sandbox; default-src 'none'"
     response["Cross-Origin-Resource-Policy"] = "cross-origin"
     response["Access-Control-Expose-Headers"] = _RESPONSE_HEADERS
     return response
@@ -111,7 +122,7 @@ def _secured(response: HttpResponseBase) -> HttpResponseBase:
 def _preflight() -> HttpResponse:
     response = _empty(204)
     response["Access-Control-Allow-Methods"] = _METHODS
-    response["Access-Control-Allow-Headers"] = _REQUEST_HEADERS
+    response["Access-Control-Allow-Headers"] = _REQUEST_HEADERS + ", X-CSRFToken"
     response["Access-Control-Max-Age"] = "600"
     return response
 
@@ -158,13 +169,19 @@ def _fork(request: HttpRequest) -> store.Fork | None:
     if sub and offset is None:
         raise Refused(400, "Stream-Fork-Sub-Offset needs Stream-Fork-Offset")
     at = None if offset is None else wire.parse_offset(offset, "Stream-Fork-Offset")
-    return store.Fork(_source_path(source), at, sub)
+    return store.Fork(_source_path(request, source), at, sub)
 
 
-def _source_path(value: str) -> str:
-    """Stream-Forked-From as a path: a URL or path under this endpoint (with or without the
-    project's prefix, as clients send ``/v1/stream/<path>``), or the path itself."""
-    path = unquote(urlsplit(value.strip()).path)
+def _source_path(request: HttpRequest, value: str) -> str:
+    """Stream-Forked-From as a path: a path under this endpoint (with or without the project's
+    prefix, as clients send ``/v1/stream/<path>``), a URL of this server, or the path itself."""
+    try:
+        url = urlsplit(value.strip())
+    except ValueError:
+        raise Refused(400, f"Stream-Forked-From {value[:80]!r} is not a path") from None
+    if url.netloc and url.netloc != request.get_host():
+        raise Refused(400, "Stream-Forked-From names a stream of another server; fork streams of this one")
+    path = unquote(url.path)
     root = reverse("pgstreams:durable-stream", kwargs={"path": "-"})[:-1]
     for prefix in (root, "/v1/stream/"):
         if path.startswith(prefix):
@@ -177,7 +194,7 @@ async def _put(request: HttpRequest, name: str) -> HttpResponse:
     state, created = await _create(
         request,
         name,
-        content_type=request.headers.get("Content-Type") or None,
+        content_type=wire.content_type(request.headers.get("Content-Type")),
         ttl=ttl,
         expires_at=expires_at,
         closed=wire.flag(request.headers.get("Stream-Closed")),
@@ -195,7 +212,7 @@ async def _post(request: HttpRequest, name: str) -> HttpResponse:
     closing = wire.flag(request.headers.get("Stream-Closed"))
     producer = wire.producer(request.headers)
     body = _body(request)
-    content_type = request.headers.get("Content-Type")
+    content_type = wire.content_type(request.headers.get("Content-Type"))
     if not body and not closing:
         raise Refused(400, "an append needs a body (or Stream-Closed: true to close the stream)")
     if body and not content_type:
@@ -232,8 +249,8 @@ async def _get(request: HttpRequest, name: str) -> HttpResponseBase:
     if live is None:
         return _catch_up(request, read, offset)
     if read.chunks:
-        response = _chunks_response(read.state, read.chunks, read.end, read.up_to_date)
-        return _live(response, "Stream-Closed" in response, cursor_given)
+        response = _chunks_response(read.state, read.start, read.chunks, read.up_to_date)
+        return _live_headers(response, "Stream-Closed" in response, cursor_given)
     if read.state.closed:
         return _tail_response(read.state, read.start, cursor_given)
     return await _long_poll(read, cursor_given)
@@ -247,20 +264,26 @@ def _catch_up(request: HttpRequest, read: store.Read, offset: str) -> HttpRespon
         response = _empty(304)
         response["ETag"] = tag
         return response
-    response = _chunks_response(state, read.chunks, read.end, read.up_to_date)
+    response = _chunks_response(state, read.start, read.chunks, read.up_to_date)
     if offset == wire.NOW:
         response["Cache-Control"] = "no-store"
+        del response["ETag"]
     else:
-        response["ETag"] = tag
         response["Cache-Control"] = "no-store" if read.up_to_date else _CACHEABLE
     return response
 
 
-def _chunks_response(state: store.State, chunks: list[str | bytes], end: int, up_to_date: bool) -> HttpResponse:
-    """200 with ``chunks``, which end at ``end``."""
-    closed = state.closed and end >= state.next_offset
+def _chunks_response(
+    state: store.State, start: int, chunks: list[str | bytes], up_to_date: bool, closed: bool | None = None
+) -> HttpResponse:
+    """200 with ``chunks`` from offset ``start``; whether they end the stream, if not said, from
+    ``state``."""
+    end = start + len(chunks)
+    if closed is None:
+        closed = state.closed and end >= state.next_offset
     response = HttpResponse(wire.body_of(chunks, state.json_mode), content_type=state.content_type)
     response["Stream-Next-Offset"] = wire.format_offset(end)
+    response["ETag"] = wire.etag(state.id, start, end, closed)
     if up_to_date or closed:
         response["Stream-Up-To-Date"] = "true"
     if closed:
@@ -268,7 +291,7 @@ def _chunks_response(state: store.State, chunks: list[str | bytes], end: int, up
     return response
 
 
-def _live(response: HttpResponse, closed: bool, cursor_given: str | None) -> HttpResponse:
+def _live_headers(response: HttpResponse, closed: bool, cursor_given: str | None) -> HttpResponse:
     if not closed:
         response["Stream-Cursor"] = wire.cursor(cursor_given)
     response["Cache-Control"] = "no-store"
@@ -282,7 +305,7 @@ def _tail_response(state: store.State, position: int, cursor_given: str | None) 
     response["Stream-Up-To-Date"] = "true"
     if state.closed:
         response["Stream-Closed"] = "true"
-    return _live(response, state.closed, cursor_given)
+    return _live_headers(response, state.closed, cursor_given)
 
 
 async def _long_poll(read: store.Read, cursor_given: str | None) -> HttpResponse:
@@ -299,23 +322,11 @@ async def _long_poll(read: store.Read, cursor_given: str | None) -> HttpResponse
     except ChunksPruned as exc:
         raise Refused(410, str(exc)) from None
     if progress is None:  # closed, with nothing after read.start
-        closed = store.State(state.id, state.content_type, read.start, True, state.ttl, state.expires_at)
-        return _tail_response(closed, read.start, cursor_given)
+        return _tail_response(dataclasses.replace(state, next_offset=read.start, closed=True), read.start, cursor_given)
     metrics.observe_delivery(progress.chunks)
-    return _progress_response(state, progress, cursor_given)
-
-
-def _progress_response(state: store.State, progress: Progress, cursor_given: str | None) -> HttpResponse:
-    end = progress.chunks[-1].offset + 1
-    response = HttpResponse(
-        wire.body_of([c.data for c in progress.chunks], state.json_mode), content_type=state.content_type
-    )
-    response["Stream-Next-Offset"] = wire.format_offset(end)
-    if progress.caught_up or progress.closed:
-        response["Stream-Up-To-Date"] = "true"
-    if progress.closed:
-        response["Stream-Closed"] = "true"
-    return _live(response, progress.closed, cursor_given)
+    data = [chunk.data for chunk in progress.chunks]
+    response = _chunks_response(state, progress.chunks[0].offset, data, progress.caught_up, progress.closed)
+    return _live_headers(response, progress.closed, cursor_given)
 
 
 def _sse(read: store.Read, cursor_given: str | None) -> StreamingHttpResponse:

@@ -10,12 +10,12 @@ from __future__ import annotations
 import base64
 import datetime
 import json
+import math
 import random
 import re
 import time
 import uuid
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ..models import path_problem
@@ -28,8 +28,14 @@ _OFFSET_LIMIT: Final = 10**16
 START: Final = "-1"
 NOW: Final = "now"
 
-# Stream-TTL, Producer-Epoch and Producer-Seq: decimal, no sign, no leading zero.
-_WHOLE = re.compile(r"(0|[1-9][0-9]*)\Z")
+# Stream-TTL, Producer-Epoch and Producer-Seq: decimal, no sign, no leading zero, at most 19 digits.
+_WHOLE = re.compile(r"(0|[1-9][0-9]{0,18})\Z")
+# RFC 3339 date-time, as Stream-Expires-At must be.
+_RFC3339 = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})\Z"
+)
+# A Content-Type: a type/subtype and parameters, in printable ASCII, that the table can hold.
+_CONTENT_TYPE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+/[!#$%&'*+.^_`|~0-9A-Za-z-]+( *;[ -~]*)?\Z")
 JS_SAFE: Final = 2**53 - 1
 
 # Cursors count 20-second intervals from 2024-10-09 00:00 UTC (the protocol's defaults).
@@ -39,16 +45,12 @@ _CURSOR_INTERVAL: Final = 20
 DEFAULT_CONTENT_TYPE: Final = "application/octet-stream"
 
 
-@dataclass
 class Refused(Exception):
     """A request the protocol refuses: the status, what to do instead, and headers to add."""
 
-    status: int
-    message: str
-    headers: dict[str, str] = field(default_factory=dict)
-
-    def __str__(self) -> str:
-        return self.message
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, headers or {}
 
 
 def format_offset(offset: int) -> str:
@@ -104,14 +106,25 @@ def expiry(ttl: str | None, expires_at: str | None) -> tuple[int | None, datetim
     if ttl is not None:
         return whole(ttl, "Stream-TTL", 2**31 - 1), None
     if expires_at is not None:
-        try:
-            moment = datetime.datetime.fromisoformat(expires_at.strip())
-        except ValueError:
-            moment = None
-        if moment is None or moment.tzinfo is None:
-            raise Refused(400, f"Stream-Expires-At {expires_at[:60]!r} is not an RFC 3339 time with a time zone")
+        moment = None
+        if _RFC3339.match(expires_at.strip()):
+            try:
+                moment = datetime.datetime.fromisoformat(expires_at.strip().upper()).astimezone(datetime.UTC)
+            except (ValueError, OverflowError):
+                moment = None
+        if moment is None or not 1970 <= moment.year <= 9999:
+            raise Refused(400, f"Stream-Expires-At {expires_at[:60]!r} is not an RFC 3339 time from 1970 to 9999")
         return None, moment
     return None, None
+
+
+def content_type(value: str | None) -> str | None:
+    """A request's Content-Type, if it gave one: a media type of at most 255 characters."""
+    if value is None or not value.strip():
+        return None
+    if len(value) > 255 or not _CONTENT_TYPE.match(value.strip()):
+        raise Refused(400, f"Content-Type {value[:80]!r} is not a media type of at most 255 characters")
+    return value.strip()
 
 
 def producer(headers: Any) -> Producer | None:
@@ -127,28 +140,39 @@ def producer(headers: Any) -> Producer | None:
     return Producer(producer_id, whole(epoch, "Producer-Epoch"), whole(seq, "Producer-Seq"))
 
 
-def json_messages(body: bytes, *, flatten: bool) -> list[str]:
-    """The JSON messages of a body: one value, or with ``flatten`` the items of a top-level array,
-    each as compact JSON text."""
+def json_messages(body: bytes) -> list[str]:
+    """The JSON messages of a body: its value, or the items of a top-level array (one level
+    flattened), each kept as the text the client sent."""
     try:
-        value = json.loads(body, parse_constant=_no_constant)
+        text = body.decode()
+        value = _DECODER.decode(text)
     except (ValueError, RecursionError) as exc:
         raise Refused(400, f"the body is not valid JSON: {exc}") from None
-    values = value if flatten and isinstance(value, list) else [value]
-    return [_json_text(item) for item in values]
+    if not isinstance(value, list):
+        return [text.strip(" \t\n\r")]
+    items = []
+    position = _SPACE.match(text).end() + 1  # past the array's "["
+    for _ in value:
+        start = _SPACE.match(text, position).end()
+        position = _DECODER.raw_decode(text, start)[1]
+        items.append(text[start:position])
+        position = _SPACE.match(text, position).end() + 1  # past the "," (or the final "]")
+    return items
 
 
-def _no_constant(name: str) -> Any:
+def _not_json(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def _json_text(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-    try:
-        text.encode()
-    except UnicodeEncodeError:  # a lone surrogate from a \\ud800 escape: keep it escaped
-        text = json.dumps(value, separators=(",", ":"))
-    return text
+def _finite(text: str) -> float:
+    number = float(text)
+    if math.isinf(number):
+        raise ValueError(f"{text[:40]} is too large for a JSON reader's numbers")
+    return number
+
+
+_DECODER = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite)
+_SPACE = re.compile(r"[ \t\n\r]*")
 
 
 def text_body(body: bytes) -> str:
@@ -176,6 +200,10 @@ def pieces(data: str | bytes, limit: int) -> Iterator[str | bytes]:
         end = min(start + limit, len(encoded))
         while end < len(encoded) and (encoded[end] & 0xC0) == 0x80:  # inside a character
             end -= 1
+        if end == start:  # a limit smaller than one character: that character alone
+            end = start + 1
+            while end < len(encoded) and (encoded[end] & 0xC0) == 0x80:
+                end += 1
         yield encoded[start:end].decode()
         start = end
 

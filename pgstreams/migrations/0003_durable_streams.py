@@ -94,6 +94,14 @@ class Migration(migrations.Migration):
             model_name='stream',
             index=models.Index(condition=models.Q(('forked_from__isnull', False)), fields=['forked_from'], name='pgstreams_stream_forks'),
         ),
+        AddIndexConcurrently(
+            model_name='stream',
+            index=models.Index(condition=models.Q(('deleted_at__isnull', True), models.Q(('ttl__isnull', False), ('expires_at__isnull', False), _connector='OR')), fields=['id'], name='pgstreams_stream_expiring'),
+        ),
+        AddIndexConcurrently(
+            model_name='stream',
+            index=models.Index(condition=models.Q(('deleted_at__isnull', False)), fields=['id'], name='pgstreams_stream_tombstones'),
+        ),
         migrations.SeparateDatabaseAndState(
             database_operations=[
                 migrations.RunSQL(
@@ -109,13 +117,18 @@ class Migration(migrations.Migration):
                 ),
             ],
         ),
-        # A fork owns copies of the chunks it inherits: deleting its source leaves it standing.
+        # A fork owns copies of the chunks it inherits: deleting its source leaves it standing. Added
+        # NOT VALID (a brief lock), then validated without locking out writers.
         migrations.RunSQL(
             sql=(
                 "ALTER TABLE pgstreams_stream ADD CONSTRAINT pgstreams_stream_forked_from_fk "
-                "FOREIGN KEY (forked_from_id) REFERENCES pgstreams_stream (id) ON DELETE SET NULL"
+                "FOREIGN KEY (forked_from_id) REFERENCES pgstreams_stream (id) ON DELETE SET NULL NOT VALID"
             ),
             reverse_sql="ALTER TABLE pgstreams_stream DROP CONSTRAINT pgstreams_stream_forked_from_fk",
+        ),
+        migrations.RunSQL(
+            sql="ALTER TABLE pgstreams_stream VALIDATE CONSTRAINT pgstreams_stream_forked_from_fk",
+            reverse_sql=migrations.RunSQL.noop,
         ),
         # Deleting a stream deletes its producers' state in the database, as it does its chunks.
         migrations.RunSQL(

@@ -61,6 +61,27 @@ def test_a_ttl_is_a_plain_whole_number_of_seconds(bad: str) -> None:
     assert refusal(wire.expiry, bad, None) == 400
 
 
+@pytest.mark.parametrize(
+    "bad",
+    ["9999-12-31T23:59:59-14:00", "0001-01-01T00:00:00+14:00", "1969-12-31T23:59:59Z", "2030-W01-1T00:00:00Z",
+     "20300101T000000Z", "2030-01-01T00:00Z", "2030-02-30T00:00:00Z"],
+)  # fmt: skip
+def test_an_expiry_time_is_rfc3339_within_years_the_table_can_load(bad: str) -> None:
+    assert refusal(wire.expiry, None, bad) == 400
+
+
+def test_a_content_type_is_a_media_type_the_table_can_hold() -> None:
+    assert wire.content_type(" Application/JSON; charset=utf-8 ") == "Application/JSON; charset=utf-8"
+    assert wire.content_type(None) is None and wire.content_type("") is None
+    for bad in ["text", "text/plain\x00", "a/" + "b" * 300, "text/plain\nX-Injected: 1", "/plain"]:
+        assert refusal(wire.content_type, bad) == 400
+
+
+def test_huge_numbers_in_headers_are_400_not_a_crash() -> None:
+    assert refusal(wire.whole, "9" * 5000, "Producer-Seq") == 400
+    assert refusal(wire.whole, str(2**63), "Stream-TTL", 2**63 - 1) == 400
+
+
 def test_expiry_is_a_ttl_or_a_time_with_a_zone_never_both() -> None:
     assert wire.expiry("3600", None) == (3600, None)
     assert wire.expiry(None, "2030-01-01T00:00:00Z")[1] == datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC)
@@ -97,18 +118,22 @@ def test_stream_closed_is_true_only_when_it_says_true() -> None:
     assert [wire.flag(v) for v in ("true", "TRUE", " True ", "false", "1", "yes", "", None)] == [True] * 3 + [False] * 5
 
 
-def test_json_bodies_flatten_one_level_and_keep_values_exact() -> None:
-    assert wire.json_messages(b'{"a": 1}', flatten=True) == ['{"a":1}']
-    assert wire.json_messages(b"[[1,2],[3,4]]", flatten=True) == ["[1,2]", "[3,4]"]
-    assert wire.json_messages(b"[[[1]]]", flatten=True) == ["[[1]]"]
-    assert wire.json_messages(b"[]", flatten=True) == []
-    # A lone surrogate (which PostgreSQL text cannot hold) stays escaped.
-    assert wire.json_messages('["é", "\\ud800"]'.encode(), flatten=True) == ['"é"', '"\\ud800"']
+def test_json_bodies_flatten_one_level_and_keep_each_messages_text() -> None:
+    assert wire.json_messages(b' {"a": 1} \n') == ['{"a": 1}']
+    assert wire.json_messages(b"[[1,2], [3,4]]") == ["[1,2]", "[3,4]"]
+    assert wire.json_messages(b"[[[1]]]") == ["[[1]]"]
+    assert wire.json_messages(b"[ ]") == []
+    # As sent: number forms, duplicate keys, escapes (a lone surrogate, which PostgreSQL text
+    # cannot hold, stays escaped).
+    body = '[1E2, {"k": 1, "k": 2}, "\\ud800", "é"]'.encode()
+    assert wire.json_messages(body) == ["1E2", '{"k": 1, "k": 2}', '"\\ud800"', '"é"']
 
 
-@pytest.mark.parametrize("bad", [b"{ invalid }", b"NaN", b"[1, Infinity]", b"\xff", b"[" * 100_000])
+@pytest.mark.parametrize(
+    "bad", [b"{ invalid }", b"NaN", b"[1, Infinity]", b"[1e400]", b"\xff", b"[" * 100_000, b"[1,]"]
+)
 def test_a_body_that_is_not_json_is_refused(bad: bytes) -> None:
-    assert refusal(wire.json_messages, bad, flatten=True) == 400
+    assert refusal(wire.json_messages, bad) == 400
 
 
 def test_a_text_stream_takes_utf8_without_nul() -> None:
@@ -121,6 +146,7 @@ def test_large_bodies_are_cut_into_chunks_at_character_boundaries() -> None:
     text = "aé€😀" * 1000
     pieces = list(wire.pieces(text, 7))
     assert "".join(pieces) == text and all(len(p.encode()) <= 7 for p in pieces)
+    assert list(wire.pieces("😀😀", 2)) == ["😀", "😀"]  # a limit below one character: one each
     assert list(wire.pieces(bytes(range(10)), 4)) == [bytes(range(4)), bytes(range(4, 8)), bytes(range(8, 10))]
 
 

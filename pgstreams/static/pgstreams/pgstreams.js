@@ -7,6 +7,7 @@
  *   });
  *   s.close();
  *
+ * onChunk's data is a string, or a Uint8Array in a stream of a binary content type.
  * Options: from (first offset, default 0), ackEvery (chunks between acks, default 128),
  * maxDelay (ms, the longest pause between reconnects, default 10000).
  */
@@ -94,7 +95,7 @@
             return;
           }
           this.next = item.offset + 1;
-          this.onChunk(item.data, item.offset);
+          this.onChunk(item.encoding === "base64" ? decodeBase64(item.data) : item.data, item.offset);
         }
         this.lastFrame = message.frame;
         this._ack(ws);
@@ -125,6 +126,11 @@
         this.ackTimer = setTimeout(send, 250);
       }
     }
+  }
+
+  // A chunk of a binary stream arrives in base64: it is delivered as a Uint8Array.
+  function decodeBase64(text) {
+    return Uint8Array.from(atob(text), (c) => c.charCodeAt(0));
   }
 
   global.PgStream = PgStream;
