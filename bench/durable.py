@@ -54,12 +54,13 @@ def run_durable(config: DurableConfig, say: Callable[[str], None] = print) -> di
     prefix = f"pgstreams-bench-{uuid.uuid4().hex[:8]}"
     with _reference() as base:
         say("durable: the reference server (file-backed)")
-        runs["reference, file-backed"] = _load(node, [base], config, prefix)
+        runs["reference, file-backed"] = _load(node, [base], config, f"{prefix}/reference")
     try:
         for n in config.processes:
             say(f"durable: pgstreams, {n} daphne process(es)")
             with _daphnes(n) as bases:
-                runs[f"pgstreams, {n} daphne process{'es' if n > 1 else ''}"] = _load(node, bases, config, prefix)
+                name = f"pgstreams, {n} daphne process{'es' if n > 1 else ''}"
+                runs[name] = _load(node, bases, config, f"{prefix}/{n}")
     finally:
         Stream.objects.using(conf.database()).filter(path__startswith=prefix).delete()
     with connections[conf.database()].cursor() as cursor:

@@ -1,4 +1,5 @@
-"""ASGI entry point of the demo site: HTTP (with static files) and pgstreams' WebSocket routes."""
+"""ASGI entry point of the demo site: HTTP (with static files, and pgstreams' Durable Streams
+endpoint straight to its view) and pgstreams' WebSocket routes."""
 
 import os
 
@@ -12,11 +13,13 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from pgstreams.durable.asgi import DurableStreamsFirst  # noqa: E402
 from pgstreams.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": ASGIStaticFilesHandler(django_application),
+        # The Durable Streams endpoint's requests skip the middleware chain (README, Durable Streams).
+        "http": DurableStreamsFirst(ASGIStaticFilesHandler(django_application)),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

@@ -129,7 +129,7 @@ def _execute(kind: str, alias: str, mode: str, level: str | None, params: dict[s
         params = {**params, "channel": conf.channel(), "hex": params["id"].hex}
     if level is not None:
         params = {**params, "level": level, "levels": list(conf.SYNCHRONOUS_COMMIT_LEVELS)}
-    with _cursor(alias) as cursor:
+    with prepared_cursor(alias) as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
         if not rows:
@@ -156,7 +156,7 @@ class _PreparedCursor(psycopg.Cursor):  # type: ignore[type-arg]
         return super().execute(query, params, prepare=True if prepare is None else prepare, binary=binary)
 
 
-def _cursor(alias: str) -> Any:
+def prepared_cursor(alias: str) -> Any:
     """A cursor on Django's connection (so it joins the caller's transaction), wrapped by Django
     (query logging, execute wrappers, error translation), preparing its statements when
     PGSTREAMS['PREPARED_STATEMENTS'] allows: the server then parses and plans a write once per

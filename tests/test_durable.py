@@ -211,7 +211,7 @@ def test_waiting_long_polls_hold_no_database_connection() -> None:
     # What the process opens whatever the number of readers: the listener's two connections, and
     # one per request thread (ASYNC_THREADS, 4) that served their first reads.
     assert during - before <= 2 + 4
-    assert all(answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"wake") for answer in answers)
+    assert all(answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"wake") for answer in answers), answers[0]
 
 
 async def test_a_binary_stream_reaches_sse_and_the_admin_as_bytes() -> None:

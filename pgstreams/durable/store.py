@@ -27,7 +27,7 @@ from .. import conf, notify, producers
 from ..exceptions import ProducerFenced, ProducerGap
 from ..models import Stream, is_text, media_type
 from ..types import Mark, Producer
-from ..writer import after_commit, committed
+from ..writer import after_commit, committed, prepared_cursor
 from . import wire
 from .wire import Refused
 
@@ -99,17 +99,27 @@ def authorize(request: Any, action: Action, path: str, stream: Stream | None) ->
         raise Refused(403, f"not allowed to {action} stream {path!r}")
 
 
+# The stream at a path, as one prepared statement: every request starts with it, and building it
+# through the ORM cost more than the rest of an append.
+_COLUMNS = [field.attname for field in Stream._meta.concrete_fields]
+_LOOKUP_SQL = f"SELECT {', '.join(_COLUMNS)} FROM pgstreams_stream WHERE path = %s"  # constants only
+
+
 def _lookup(alias: str, path: str, *, lock: bool = False) -> Stream | None:
     """The stream at ``path``, tombstones included; one whose expiry has passed is removed first
     (leaving a tombstone if it has forks)."""
-    streams = Stream.objects.using(alias).filter(path=path)
-    if lock:
-        streams = streams.select_for_update(no_key=True)
-    stream = streams.first()
+    stream = _select(alias, path, lock)
     if stream is not None and stream.deleted_at is None and stream.expired(timezone.now()):
         _remove_if_expired(alias, stream.id)
-        return streams.first()
+        return _select(alias, path, lock)
     return stream
+
+
+def _select(alias: str, path: str, lock: bool) -> Stream | None:
+    with prepared_cursor(alias) as cursor:
+        cursor.execute(_LOOKUP_SQL + (" FOR NO KEY UPDATE" if lock else ""), [path])
+        row = cursor.fetchone()
+    return None if row is None else Stream.from_db(alias, _COLUMNS, row)
 
 
 def _remove_if_expired(alias: str, stream_id: uuid.UUID) -> bool:
@@ -437,25 +447,35 @@ def _body_chunks(stream: Stream, body: bytes, *, appending: bool) -> list[str | 
     return list(wire.pieces(data, limit))
 
 
+# A request's chunks and the stream row's move, in one statement.
+_APPEND_SQL = """
+WITH moved AS (
+    UPDATE pgstreams_stream SET next_offset = %(end)s, writer_seq = %(seq)s, used_at = now(),
+        closed_at = CASE WHEN %(closing)s THEN coalesce(closed_at, now()) ELSE closed_at END
+    WHERE id = %(id)s RETURNING closed_at
+), written AS (
+    INSERT INTO pgstreams_chunk (stream_id, "offset", data, blob, created_at)
+    SELECT %(id)s, %(start)s + t.i - 1, t.data, t.blob, now()
+    FROM unnest(%(texts)s::text[], %(blobs)s::bytea[]) WITH ORDINALITY AS t(data, blob, i)
+)
+SELECT closed_at FROM moved
+"""
+
+
 def _append_chunks(alias: str, stream: Stream, start: int, items: list[str | bytes], *, closing: bool) -> None:
     """Insert ``items`` from offset ``start`` and move the stream's row to match, closing it if
     asked; announced once the transaction commits."""
-    texts = [item if isinstance(item, str) else None for item in items]
-    blobs = [item if isinstance(item, bytes) else None for item in items]
-    with connections[alias].cursor() as cursor:
-        if items:
-            cursor.execute(
-                'INSERT INTO pgstreams_chunk (stream_id, "offset", data, blob, created_at)'
-                " SELECT %s, %s + t.i - 1, t.data, t.blob, now()"
-                " FROM unnest(%s::text[], %s::bytea[]) WITH ORDINALITY AS t(data, blob, i)",
-                [stream.id, start, texts, blobs],
-            )
-        cursor.execute(
-            "UPDATE pgstreams_stream SET next_offset = %s, writer_seq = %s, used_at = now(),"
-            " closed_at = CASE WHEN %s THEN coalesce(closed_at, now()) ELSE closed_at END"
-            " WHERE id = %s RETURNING closed_at",
-            [start + len(items), stream.writer_seq, closing, stream.id],
-        )
+    params = {
+        "id": stream.id,
+        "start": start,
+        "end": start + len(items),
+        "seq": stream.writer_seq,
+        "closing": closing,
+        "texts": [item if isinstance(item, str) else None for item in items],
+        "blobs": [item if isinstance(item, bytes) else None for item in items],
+    }
+    with prepared_cursor(alias) as cursor:
+        cursor.execute(_APPEND_SQL, params)
         (stream.closed_at,) = cursor.fetchone()
     stream.next_offset = start + len(items)
     mark = Mark(stream.id, stream.next_offset, stream.is_closed)

@@ -114,6 +114,8 @@ def _secured(response: HttpResponseBase) -> HttpResponseBase:
     protocol headers their scripts may read."""
     response["X-Content-Type-Options"] = "nosniff"
     response["Content-Security-Policy"] = "sandbox; default-src 'none'"
+    if not response.streaming and response.status_code not in (204, 304):
+        response["Content-Length"] = str(len(response.content))  # as Django's CommonMiddleware would
     response["Cross-Origin-Resource-Policy"] = "cross-origin"
     response["Access-Control-Expose-Headers"] = _RESPONSE_HEADERS
     return response
