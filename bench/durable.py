@@ -44,7 +44,7 @@ class DurableConfig:
     read_megabytes: float = 20.0
     readers: int = 4
     latency_streams: int = 16
-    interval: float = 50.0  # ms between two appends to a latency stream
+    interval: float = 200.0  # ms between two appends to a latency stream (80 appends/s in all: not a load test)
     processes: tuple[int, ...] = (1, 2)  # daphne processes serving pgstreams, one run each
 
 
