@@ -73,6 +73,17 @@ class Fork:
 
 
 @dataclass(frozen=True, slots=True)
+class Wanted:
+    """What a PUT asks of the stream at its path: a stream created so, or one already so."""
+
+    content_type: str | None  # None: the default, or a fork's source's
+    ttl: int | None
+    expires_at: datetime.datetime | None
+    closed: bool
+    fork: Fork | None
+
+
+@dataclass(frozen=True, slots=True)
 class Appended:
     state: State
     status: int  # 204, or 200 for a producer's new batch
@@ -288,21 +299,11 @@ def delete(request: Any, path: str) -> None:
         _remove(alias, _existing(request, "delete", path, _lookup(alias, path, lock=True)))
 
 
-def create(
-    request: Any,
-    path: str,
-    *,
-    content_type: str | None,
-    ttl: int | None,
-    expires_at: datetime.datetime | None,
-    closed: bool,
-    body: bytes,
-    fork: Fork | None,
-) -> tuple[State, bool]:
+def create(request: Any, path: str, wanted: Wanted, body: bytes) -> tuple[State, bool]:
     """PUT: create the stream (or fork), or find it already there with the same configuration.
     Returns its state and whether it was created."""
     alias = conf.database()
-    attempt = partial(_create, request, alias, path, content_type, ttl, expires_at, closed, body, fork)
+    attempt = partial(_create, request, alias, path, wanted, body)
     try:
         with transaction.atomic(using=alias):
             return attempt()
@@ -311,17 +312,14 @@ def create(
             return attempt()
 
 
-def _create(
-    request: Any,
-    alias: str,
-    path: str,
-    content_type: str | None,
-    ttl: int | None,
-    expires_at: datetime.datetime | None,
-    closed: bool,
-    body: bytes,
-    fork: Fork | None,
-) -> tuple[State, bool]:
+def _create(request: Any, alias: str, path: str, wanted: Wanted, body: bytes) -> tuple[State, bool]:
+    content_type, ttl, expires_at, closed, fork = (
+        wanted.content_type,
+        wanted.ttl,
+        wanted.expires_at,
+        wanted.closed,
+        wanted.fork,
+    )
     source = None
     if fork is not None:
         source = _lookup(alias, fork.source, lock=True)
@@ -369,8 +367,8 @@ def _create(
         stream.forked_from = source
         stream.fork_offset = source.next_offset if fork.offset is None else fork.offset
         stream.fork_sub_offset = fork.sub_offset
-        inherited, partial = _fork_point(alias, source, stream.fork_offset, fork.sub_offset)
-        items = [partial] if partial is not None else []
+        inherited, part = _fork_point(alias, source, stream.fork_offset, fork.sub_offset)
+        items = [part] if part is not None else []
     else:
         inherited = 0
     items += _body_chunks(stream, body, appending=False)

@@ -193,16 +193,14 @@ def _source_path(request: HttpRequest, value: str) -> str:
 
 async def _put(request: HttpRequest, name: str) -> HttpResponse:
     ttl, expires_at = wire.expiry(request.headers.get("Stream-TTL"), request.headers.get("Stream-Expires-At"))
-    state, created = await _create(
-        request,
-        name,
+    wanted = store.Wanted(
         content_type=wire.content_type(request.headers.get("Content-Type")),
         ttl=ttl,
         expires_at=expires_at,
         closed=wire.flag(request.headers.get("Stream-Closed")),
-        body=_body(request),
         fork=_fork(request),
     )
+    state, created = await _create(request, name, wanted, _body(request))
     response = _empty(201 if created else 200)
     _describe(response, state)
     if created:
