@@ -1,6 +1,7 @@
 """The demo served by daphne in its own process: WebSocket clients over real sockets, and a real
-browser (Debian's Chromium driven by Playwright) reading an answer across a reload and tailing a
-stream on its admin page."""
+browser (Debian's Chromium driven by Playwright) reading an answer across a reload, stopping one,
+following it from a second tab, from the admin and with the official Durable Streams client, and
+taking the README's screenshots."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import os
 import shutil
 import threading
+from pathlib import Path
 
 import pytest
 import websockets
@@ -211,3 +213,115 @@ def test_the_js_client_reconnects_once_after_a_gap(page) -> None:
         thread.join(10)
     assert seen["chunks"] == [[0, "a"]]
     assert paths == ["/?from=0", "/?from=1"]
+
+
+def sign_in_and_ask(page, host: str, prompt: str) -> None:
+    page.goto(f"http://{host}/")
+    page.fill("#id_username", "demo")
+    page.fill("#id_password", "demo")
+    page.click("form.login button")
+    page.fill("#prompt", prompt)
+    page.click("form.ask button")
+    page.wait_for_selector("#status[data-state=live]")
+
+
+def answer_of(page) -> str:
+    return page.eval_on_selector("#answer", "el => el.textContent")
+
+
+def latest_stream():
+    from demo_project.chat.models import Conversation
+
+    return in_thread(lambda: Conversation.objects.select_related("stream").latest("created_at").stream)
+
+
+def test_stop_ends_the_answer_for_every_reader_and_the_generator_with_it(demo_server: str, page) -> None:
+    prompt = "Stop me half-way, please."
+    tokens = llm.answer(prompt)
+    sign_in_and_ask(page, demo_server, prompt)
+    page.wait_for_function("document.getElementById('answer').textContent.length > 40")
+    page.click("#stop")
+    page.wait_for_selector("#status[data-state=stopped]")
+    stopped = answer_of(page)
+    written = latest_stream().next_offset
+    page.wait_for_timeout(500)  # 15 token intervals at 30 tokens/s
+    stream = latest_stream()
+    assert stream.next_offset == written < len(tokens)  # the generator wrote nothing after the stop
+    assert stream.is_closed and stream.metadata == {"stopped": True}
+    assert stopped == "".join(tokens[:written])
+    page.reload()
+    page.wait_for_selector("#status[data-state=stopped]")
+    assert answer_of(page) == stopped and page.inner_text("#status") == f"stopped · {written} tokens"
+    assert page.is_hidden("#stop")
+
+
+def test_a_second_tab_shows_the_answer_so_far_once_then_follows_in_step(demo_server: str, page) -> None:
+    prompt = "Two tabs, one stream."
+    expected = "".join(llm.answer(prompt))
+    sign_in_and_ask(page, demo_server, prompt)
+    page.wait_for_function("document.getElementById('answer').textContent.length > 30")
+    tab = page.context.browser.new_context(viewport={"width": 390, "height": 844})
+    tab.add_cookies(page.context.cookies())  # the same session
+    second = tab.new_page()
+    second.goto(page.url)
+    second.wait_for_selector("#status[data-state=live]")
+    for tab in (page, second):
+        tab.wait_for_selector("#status[data-state=done]")
+        assert answer_of(tab) == expected  # the answer so far once, then the rest, in both
+
+
+def test_the_demo_user_watches_an_answer_arrive_in_the_admin(demo_server: str, page) -> None:
+    sign_in_and_ask(page, demo_server, "Show me the admin's live tail.")
+    page.click("#admin-link")
+    page.wait_for_url("**/admin/pgstreams/stream/*/change/")
+    page.wait_for_function("document.getElementById('pgstreams-tail-status').textContent.includes('live')")
+    page.wait_for_function("document.getElementById('pgstreams-tail').textContent.length > 0")
+    first = page.eval_on_selector("#pgstreams-tail", "el => el.textContent.length")
+    page.wait_for_function(f"document.getElementById('pgstreams-tail').textContent.length > {first}")  # arriving
+
+
+def test_the_official_durable_streams_client_reads_the_same_answer(demo_server: str, page) -> None:
+    prompt = "Read me over the Durable Streams protocol."
+    sign_in_and_ask(page, demo_server, prompt)
+    page.click("#official-client")
+    page.wait_for_url("**/official-client/")
+    page.wait_for_selector("#status[data-state=done]")
+    assert answer_of(page) == "".join(llm.answer(prompt))
+
+
+def test_the_vendored_client_is_the_pinned_package() -> None:
+    """The demo's copy of @durable-streams/client is what `npm run vendor-client` makes of the
+    version node/package.json pins."""
+    package = ROOT / "node" / "node_modules" / "@durable-streams" / "client"
+    if not package.is_dir():
+        pytest.skip("node/node_modules is not installed (cd node && npm ci)")
+    vendored = ROOT / "demo_project" / "chat" / "static" / "chat" / "vendor"
+    assert (vendored / "durable-streams-client.js").read_bytes() == (package / "dist" / "index.js").read_bytes()
+    assert (vendored / "durable-streams-client.LICENSE").read_bytes() == (package / "LICENSE").read_bytes()
+
+
+def test_screenshots_of_the_demo(demo_server: str, page, tmp_path) -> None:
+    """The README's pictures: the chat mid-answer, a stopped answer, the admin's live tail.
+    ``PGSTREAMS_SCREENSHOTS=docs/screenshots python -m pytest tests/test_demo.py -k screenshots``
+    writes them there; otherwise they go to a temporary directory (and the test still checks
+    that each is taken)."""
+    folder = Path(os.environ.get("PGSTREAMS_SCREENSHOTS") or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    page.set_viewport_size({"width": 900, "height": 640})
+    sign_in_and_ask(page, demo_server, "Why does a NOTIFY per write not scale?")
+    page.wait_for_function("document.getElementById('answer').textContent.length > 120")
+    page.screenshot(path=folder / "chat-mid-answer.png")
+    page.click("#stop")
+    page.wait_for_selector("#status[data-state=stopped]")
+    page.screenshot(path=folder / "chat-stopped.png")
+    page.goto(f"http://{demo_server}/")
+    page.fill("#prompt", "Tail this answer in the admin.")
+    page.click("form.ask button")
+    page.wait_for_selector("#status[data-state=live]")
+    page.click("#admin-link")
+    page.wait_for_url("**/admin/pgstreams/stream/*/change/")
+    page.wait_for_function("document.getElementById('pgstreams-tail').textContent.length > 80")
+    page.locator("#pgstreams-tail").scroll_into_view_if_needed()
+    page.screenshot(path=folder / "admin-live-tail.png")
+    for name in ("chat-mid-answer.png", "chat-stopped.png", "admin-live-tail.png"):
+        assert (folder / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,14 +1,19 @@
-"""The chat pages: the list of conversations with a prompt box, and one conversation."""
+"""The chat pages: the list of conversations with a prompt box, one conversation (with its stop
+button, and whether it was stopped), and the same answer read by the official Durable Streams
+client."""
 
 from __future__ import annotations
 
+import uuid
+
 from django.contrib.auth.decorators import login_required
 from django.db import transaction
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.views.decorators.http import require_http_methods
+from django.views.decorators.http import require_http_methods, require_POST
 
 import pgstreams
+from pgstreams.models import Stream
 
 from . import llm
 from .models import Conversation
@@ -28,7 +33,9 @@ def index(request: HttpRequest) -> HttpResponse:
             error = f"Prompts are at most {MAX_PROMPT} characters."
         else:
             with transaction.atomic():
-                stream = pgstreams.create_stream(owner=request.user, label=prompt[:200])
+                # A path too: the official Durable Streams client reads the answer there.
+                path = f"chat/{uuid.uuid4().hex}"
+                stream = pgstreams.create_stream(owner=request.user, label=prompt[:200], path=path)
                 conversation = Conversation.objects.create(user=request.user, prompt=prompt, stream=stream)
                 transaction.on_commit(lambda: llm.start(stream.id, prompt))
             return redirect("chat:conversation", pk=conversation.pk)
@@ -36,7 +43,43 @@ def index(request: HttpRequest) -> HttpResponse:
     return render(request, "chat/index.html", {"conversations": conversations, "error": error})
 
 
+def _turn(request: HttpRequest, pk: int) -> Conversation:
+    return get_object_or_404(Conversation.objects.select_related("stream"), pk=pk, user=request.user)
+
+
 @login_required
 def conversation(request: HttpRequest, pk: int) -> HttpResponse:
-    turn = get_object_or_404(Conversation.objects.select_related("stream"), pk=pk, user=request.user)
-    return render(request, "chat/conversation.html", {"turn": turn})
+    return render(request, "chat/conversation.html", {"turn": _turn(request, pk)})
+
+
+@login_required
+def official_client(request: HttpRequest, pk: int) -> HttpResponse:
+    return render(request, "chat/official_client.html", {"turn": _turn(request, pk)})
+
+
+@login_required
+@require_POST
+def stop(request: HttpRequest, pk: int) -> JsonResponse:
+    """Close the answer's stream, noting in the stream that it was stopped: every reader sees the
+    end at once, and the generator's next append is refused, which stops it."""
+    turn = _turn(request, pk)
+    with transaction.atomic():
+        try:
+            pgstreams.close(turn.stream_id)
+        except pgstreams.StreamClosed:  # it had ended already
+            return JsonResponse(_state(turn.stream_id))
+        stream = Stream.objects.select_for_update().get(pk=turn.stream_id)
+        stream.metadata = {**stream.metadata, "stopped": True}
+        stream.save(update_fields=["metadata"])
+    return JsonResponse(_state(turn.stream_id))
+
+
+@login_required
+def state(request: HttpRequest, pk: int) -> JsonResponse:
+    """Whether the answer is still being written, and whether it was stopped."""
+    return JsonResponse(_state(_turn(request, pk).stream_id))
+
+
+def _state(stream_id: uuid.UUID) -> dict[str, bool]:
+    stream = Stream.objects.get(pk=stream_id)
+    return {"closed": stream.is_closed, "stopped": bool(stream.metadata.get("stopped"))}

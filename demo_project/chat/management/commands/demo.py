@@ -6,15 +6,21 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 
 def ensure_demo_user() -> None:
+    """The demo user, who may also open the admin and read streams there: staff, with the
+    ``pgstreams.view_stream`` permission, the rule the admin and the endpoints share (so it sees
+    every stream; in the demo they are all its own)."""
     user, _ = get_user_model().objects.get_or_create(username=settings.DEMO_USERNAME)
     if not user.check_password(settings.DEMO_PASSWORD):
         user.set_password(settings.DEMO_PASSWORD)
-        user.save(update_fields=["password"])
+    user.is_staff = True
+    user.save()
+    user.user_permissions.add(Permission.objects.get(content_type__app_label="pgstreams", codename="view_stream"))
 
 
 def parse_addrport(addrport: str) -> tuple[str, int]:
