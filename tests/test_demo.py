@@ -100,17 +100,31 @@ def in_thread(function, *args):
     return done[0] if done else None
 
 
-def test_the_chat_page_streams_an_answer_that_survives_a_reload(demo_server: str, page) -> None:
-    prompt = "Why does a NOTIFY per write not scale?"
-    expected = "".join(llm.answer(prompt))
-    page.goto(f"http://{demo_server}/")
-    assert "sign in as" in page.inner_text("main")
+def sign_in_and_ask(page, host: str, prompt: str) -> None:
+    page.goto(f"http://{host}/")
+    assert "sign in as" in page.inner_text("main")  # the login page says how
     page.fill("#id_username", "demo")
     page.fill("#id_password", "demo")
     page.click("form.login button")
     page.fill("#prompt", prompt)
     page.click("form.ask button")
     page.wait_for_selector("#status[data-state=live]")
+
+
+def answer_of(page) -> str:
+    return page.eval_on_selector("#answer", "el => el.textContent")
+
+
+def latest_stream():
+    from demo_project.chat.models import Conversation
+
+    return in_thread(lambda: Conversation.objects.select_related("stream").latest("created_at").stream)
+
+
+def test_the_chat_page_streams_an_answer_that_survives_a_reload(demo_server: str, page) -> None:
+    prompt = "Why does a NOTIFY per write not scale?"
+    expected = "".join(llm.answer(prompt))
+    sign_in_and_ask(page, demo_server, prompt)
     # Tokens arrive one after another: the answer grows while the status is live.
     page.wait_for_function("document.getElementById('answer').textContent.length > 20")
     first = page.inner_text("#answer")
@@ -213,26 +227,6 @@ def test_the_js_client_reconnects_once_after_a_gap(page) -> None:
         thread.join(10)
     assert seen["chunks"] == [[0, "a"]]
     assert paths == ["/?from=0", "/?from=1"]
-
-
-def sign_in_and_ask(page, host: str, prompt: str) -> None:
-    page.goto(f"http://{host}/")
-    page.fill("#id_username", "demo")
-    page.fill("#id_password", "demo")
-    page.click("form.login button")
-    page.fill("#prompt", prompt)
-    page.click("form.ask button")
-    page.wait_for_selector("#status[data-state=live]")
-
-
-def answer_of(page) -> str:
-    return page.eval_on_selector("#answer", "el => el.textContent")
-
-
-def latest_stream():
-    from demo_project.chat.models import Conversation
-
-    return in_thread(lambda: Conversation.objects.select_related("stream").latest("created_at").stream)
 
 
 def test_stop_ends_the_answer_for_every_reader_and_the_generator_with_it(demo_server: str, page) -> None:
