@@ -151,14 +151,30 @@ class Progress:
     closed: bool  # the stream is closed and these are its last chunks
 
 
-async def afollow(stream_id: Any, *, from_offset: int = 0, timeout: float | None = None) -> AsyncIterator[Progress]:
+async def afollow(
+    stream_id: Any, *, from_offset: int = 0, timeout: float | None = None, idle: float | None = None
+) -> AsyncIterator[Progress]:
     """``aread_batches()``, each batch saying whether the reader has caught up and whether the
-    stream ended with it (for protocols that tell their clients so)."""
+    stream ended with it (for protocols that tell their clients so). With ``idle`` (instead of
+    ``timeout``), a wait that long yields an empty batch and the reader stays attached: the caller
+    can keep its client's connection open without following the stream anew."""
+    if timeout is not None and idle is not None:
+        raise ValueError("give afollow() a timeout or an idle interval, not both")
     sid = stream_uuid(stream_id)
     pos = _start_offset(from_offset)
-    _check_timeout(timeout)
-    with _Reading(sid, pos, timeout, asyncio.get_running_loop()) as reading:
-        while (chunks := reading.took(await reading.next().take_async(reading.left))) is not None:
+    _check_timeout(idle if idle is not None else timeout)
+    with _Reading(sid, pos, idle if idle is not None else timeout, asyncio.get_running_loop()) as reading:
+        while True:
+            try:
+                chunks = reading.took(await reading.next().take_async(reading.left))
+            except TimeoutError:
+                if idle is None:
+                    raise
+                yield Progress([], caught_up=True, closed=False)
+                reading.renew()
+                continue
+            if chunks is None:
+                return
             if chunks:  # empty: the wait is over, ask again
                 tail = reading.tail
                 yield Progress(chunks, reading.pos >= tail.hint, tail.final is not None and reading.pos >= tail.final)

@@ -408,3 +408,24 @@ def test_the_listener_takes_only_well_formed_entries_of_the_streams_it_follows()
         assert (tail.hint, tail.close_hinted) == (7, True)
     finally:
         hub.detach(tail)
+
+
+async def test_afollow_with_an_idle_interval_yields_empty_batches_and_stays_attached() -> None:
+    """What an SSE response does between keepalives: it keeps its place in the listener (one
+    tail, not a new one and a new fetch every interval)."""
+    from pgstreams.reader import afollow
+
+    s = await pgstreams.acreate_stream()
+    follow = afollow(s.id, idle=0.2)
+    assert (await anext(follow)).chunks == []
+    tail = listener.get_listener()._tails[s.id]
+    assert (await anext(follow)).chunks == []
+    assert listener.get_listener()._tails[s.id] is tail  # never detached
+    await pgstreams.awrite(s.id, "after two idle intervals")
+    got = await anext(follow)
+    while not got.chunks:  # a third idle interval may end first
+        got = await anext(follow)
+    assert [c.data for c in got.chunks] == ["after two idle intervals"] and got.caught_up
+    await follow.aclose()
+    with pytest.raises(ValueError, match="not both"):
+        await anext(afollow(s.id, idle=1, timeout=1))

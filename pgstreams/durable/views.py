@@ -29,7 +29,8 @@ from . import store, wire
 from .wire import Refused
 
 # An SSE response ends after about this many seconds (the protocol asks for about a minute, so
-# that caches can collapse readers); the client resumes from the last control event's offset.
+# that caches can collapse readers; up to KEEPALIVE more when it is quiet); the client resumes
+# from the last control event's offset.
 SSE_SECONDS = 60.0
 # Seconds of silence after which an SSE response sends a comment, so proxies keep it open.
 KEEPALIVE = 15.0
@@ -352,26 +353,24 @@ async def _events(read: store.Read, cursor: str) -> AsyncIterator[bytes]:
     if at_end:
         return
     metrics.sse_clients.inc()
+    deadline = time.monotonic() + SSE_SECONDS
     try:
-        deadline = time.monotonic() + SSE_SECONDS
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                async with contextlib.aclosing(
-                    afollow(state.id, from_offset=position, timeout=min(KEEPALIVE, left))
-                ) as batches:
-                    async for progress in batches:
-                        yield wire.sse_data([c.data for c in progress.chunks], json_mode=json_mode, binary=binary)
-                        metrics.observe_delivery(progress.chunks)
-                        position = progress.chunks[-1].offset + 1
-                        yield wire.sse_control(
-                            position, cursor_value=cursor, up_to_date=progress.caught_up, closed=progress.closed
-                        )
-                        if progress.closed or time.monotonic() >= deadline:
-                            return
-                yield wire.sse_control(position, cursor_value=None, up_to_date=True, closed=True)
-                return
-            except ReadTimeout:
-                yield wire.SSE_KEEPALIVE
+        async with contextlib.aclosing(afollow(state.id, from_offset=position, idle=KEEPALIVE)) as batches:
+            async for progress in batches:
+                if not progress.chunks:
+                    yield wire.SSE_KEEPALIVE
+                else:
+                    yield wire.sse_data([c.data for c in progress.chunks], json_mode=json_mode, binary=binary)
+                    metrics.observe_delivery(progress.chunks)
+                    position = progress.chunks[-1].offset + 1
+                    yield wire.sse_control(
+                        position, cursor_value=cursor, up_to_date=progress.caught_up, closed=progress.closed
+                    )
+                    if progress.closed:
+                        return
+                if time.monotonic() >= deadline:
+                    return  # the client resumes from the last control event's offset
+        yield wire.sse_control(position, cursor_value=None, up_to_date=True, closed=True)
     except (StreamNotFound, ChunksPruned):
         return  # the client's next request learns why
     finally:
