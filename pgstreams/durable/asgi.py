@@ -24,7 +24,7 @@ from django.contrib.auth import aget_user, get_user
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler, ASGIRequest, get_script_prefix
 from django.core.handlers.exception import response_for_exception
-from django.urls import reverse, set_script_prefix
+from django.urls import set_script_prefix
 from django.utils.functional import SimpleLazyObject
 
 from . import views
@@ -57,7 +57,7 @@ class _Handler(ASGIHandler):
     connections, and the view uses none), and no thread of its own per request."""
 
     def __init__(self) -> None:  # no middleware to load
-        self.root = reverse("pgstreams:durable-stream", kwargs={"path": "-"})[:-1]
+        self.root = views.endpoint_root()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         try:

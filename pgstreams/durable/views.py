@@ -175,6 +175,11 @@ def _fork(request: HttpRequest) -> store.Fork | None:
     return store.Fork(_source_path(request, source), at, sub)
 
 
+def endpoint_root() -> str:
+    """Where the endpoint is mounted: the URL path its streams' paths follow."""
+    return reverse("pgstreams:durable-stream", kwargs={"path": "-"})[:-1]
+
+
 def _source_path(request: HttpRequest, value: str) -> str:
     """Stream-Forked-From as a path: a path under this endpoint (with or without the project's
     prefix, as clients send ``/v1/stream/<path>``), a URL of this server, or the path itself."""
@@ -185,8 +190,7 @@ def _source_path(request: HttpRequest, value: str) -> str:
     if url.netloc and url.netloc != request.get_host():
         raise Refused(400, "Stream-Forked-From names a stream of another server; fork streams of this one")
     path = unquote(url.path)
-    root = reverse("pgstreams:durable-stream", kwargs={"path": "-"})[:-1]
-    for prefix in (root, "/v1/stream/"):
+    for prefix in (endpoint_root(), "/v1/stream/"):
         if path.startswith(prefix):
             return wire.stream_path(path[len(prefix) :])
     return wire.stream_path(path.lstrip("/"))

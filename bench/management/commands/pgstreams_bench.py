@@ -93,17 +93,12 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **o: Any) -> None:
         if o["readers"] is None:
             o["readers"] = 1 if o["llm"] else 2
-        for name in ("writers", "readers", "fanout", "streams_per_writer", "clients"):
+        for name in ("writers", "readers", "fanout", "streams_per_writer", "clients", "connections"):
             if o[name] < (0 if name == "readers" else 1):
                 raise CommandError(f"--{name.replace('_', '-')} must be at least {0 if name == 'readers' else 1}")
         if o["duration"] <= 0 or (o["rate"] is not None and o["rate"] <= 0):
             raise CommandError("--duration and --rate must be positive")
-        try:
-            replica_writers = tuple(int(n) for n in o["replica_writers"].split(","))
-        except ValueError:
-            replica_writers = ()
-        if not replica_writers or min(replica_writers) < 1:
-            raise CommandError("--replica-writers must be positive whole numbers separated by commas, such as 16,32,64")
+        replica_writers = _counts(o, "replica_writers")
         if o["durable"]:
             report = self.run_durable(o)
             self.stdout.write(durable_table(report))
@@ -138,13 +133,7 @@ class Command(BaseCommand):
     def run_durable(self, o: dict[str, Any]) -> dict[str, Any]:
         if o["llm"] or o["replica"]:
             raise CommandError("--durable, --llm and --replica are three benchmarks: run them one at a time")
-        try:
-            processes = tuple(int(n) for n in o["processes"].split(","))
-        except ValueError:
-            processes = ()
-        if not processes or min(processes) < 1 or o["connections"] < 1:
-            raise CommandError("--processes must be positive whole numbers separated by commas; --connections >= 1")
-        config = DurableConfig(seconds=o["duration"], connections=o["connections"], processes=processes)
+        config = DurableConfig(seconds=o["duration"], connections=o["connections"], processes=_counts(o, "processes"))
         try:
             return run_durable(config, say=self.say)
         except RuntimeError as exc:
@@ -174,3 +163,15 @@ class Command(BaseCommand):
 
     def say(self, line: str) -> None:
         self.stdout.write(line)
+
+
+def _counts(o: dict[str, Any], name: str) -> tuple[int, ...]:
+    """An option of positive whole numbers separated by commas, such as 16,32,64."""
+    try:
+        counts = tuple(int(n) for n in o[name].split(","))
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        option = "--" + name.replace("_", "-")
+        raise CommandError(f"{option} must be positive whole numbers separated by commas, such as 16,32,64")
+    return counts
