@@ -9,15 +9,18 @@ one write waiting on a row lock would hold up every other write and every WebSoc
 authorization lookup in the process. Only for work that needs no caller's transaction (an async
 caller has none). A pool thread keeps its connections open between calls, as a thread outside
 Django's request cycle does; one the server closed, or that failed and no longer answers, is
-replaced at the next call. The threads are joined when the interpreter exits, so a call blocked
-on a connection whose peer vanished holds the exit as long as that connection's own limits
-allow (give the alias ``connect_timeout``, keepalives and ``tcp_user_timeout`` in OPTIONS).
+replaced at the next call. A pool stopped (``stop_pools()``, or at exit) has each thread close its
+connections. The threads are joined when the interpreter exits, so a call blocked on a
+connection whose peer vanished holds the exit as long as that connection's own limits allow
+(give the alias ``connect_timeout``, keepalives and ``tcp_user_timeout`` in OPTIONS).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import select
+import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final, ParamSpec, TypeVar
@@ -33,6 +36,31 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 LOOKUP_THREADS: Final = 2
+STOP_TIMEOUT: Final = 2.0  # seconds a stopping pool waits for its threads to close their connections
+
+
+class _Threads(ThreadPoolExecutor):
+    """A pool's threads, which know how many they may be."""
+
+    def __init__(self, size: int, name: str) -> None:
+        super().__init__(max_workers=size, thread_name_prefix=name)
+        self.size = size
+
+    def stop(self) -> None:
+        """Have each thread close its Django connections, then end the threads. Each thread
+        takes one closing task and waits at a barrier, so no thread takes two; one still busy
+        after STOP_TIMEOUT keeps its connections until it ends."""
+        barrier = threading.Barrier(self.size, timeout=STOP_TIMEOUT)
+
+        def close_mine() -> None:
+            connections.close_all()
+            with contextlib.suppress(threading.BrokenBarrierError):
+                barrier.wait()
+
+        with contextlib.suppress(RuntimeError):  # the interpreter is exiting: the threads are gone
+            for _ in range(self.size):
+                self.submit(close_mine)
+        self.shutdown(wait=False)
 
 
 class Pool:
@@ -40,10 +68,12 @@ class Pool:
     size ``size()`` says then, and anew in a forked child."""
 
     def __init__(self, name: str, size: Callable[[], int]) -> None:
-        self._executors = PerProcess(
-            lambda: ThreadPoolExecutor(max_workers=size(), thread_name_prefix=name),
-            lambda executor: executor.shutdown(wait=False),
-        )
+        self._executors = PerProcess(lambda: _Threads(size(), name), _Threads.stop)
+
+    def stop(self) -> None:
+        """Close the Django connections of every thread of the pool and end the threads (as at
+        exit); the next call starts new ones."""
+        self._executors.stop()
 
     def wrap(self, func: Callable[P, R]) -> Callable[P, Awaitable[R]]:
         """``func`` for async callers: the same call, run on this pool, never on the event loop."""
@@ -62,6 +92,12 @@ class Pool:
 writes = Pool("pgstreams-write", conf.async_threads)
 lookups = Pool("pgstreams-lookup", lambda: LOOKUP_THREADS)
 durable = Pool("pgstreams-durable", conf.async_threads)
+
+
+def stop_pools() -> None:
+    """Stop the three pools, their threads' Django connections closed."""
+    for pool in (writes, lookups, durable):
+        pool.stop()
 
 
 def _drop_broken_connections() -> None:

@@ -15,29 +15,51 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.db import connection
+from asgiref.sync import SyncToAsync
+from django.db import connection, connections
 from django.db.backends.base.creation import TEST_DATABASE_PREFIX
 
-from pgstreams import appender, listener, notify
+from pgstreams import appender, listener, notify, threads
 from tests.helpers import ROOT, free_port, subprocess_database_url
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _stop_background_threads(django_db_setup: None, django_db_blocker) -> Iterator[None]:
-    """Close pgstreams' own connections before pytest-django drops the test database (when the
-    run made one: a run of tests that need no database, such as tests/unit, connects to none)."""
+    """Close pgstreams' own connections and its pools' before pytest-django drops the test
+    database (when the run made one: a run of tests that need no database, such as tests/unit,
+    connects to none), and fail the session if anything else is still connected to it: the drop
+    would fail on it, and something would have leaked."""
     yield
     listener.stop_listener()
     appender.stop_appenders()  # before the flusher: its last batch announces through it
     notify.stop_flusher()
+    threads.stop_pools()
+    SyncToAsync.single_thread_executor.submit(connections.close_all).result(10)  # sync_to_async's thread
     if not connection.settings_dict["NAME"].startswith(TEST_DATABASE_PREFIX):
         return
-    # Django connections left open in other threads (pgstreams' pools) would block the drop.
-    with django_db_blocker.unblock(), connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        )
+    with django_db_blocker.unblock():
+        left = _other_sessions(deadline=time.monotonic() + 10)
+        connections.close_all()
+    if left:
+        pytest.fail(f"still connected to the test database when the session ended: {left}", pytrace=False)
+
+
+def _other_sessions(deadline: float) -> list[tuple[Any, ...]]:
+    """The other sessions on the test database, once they have had until ``deadline`` to leave
+    (a killed process's backend takes a moment to notice); terminated, so the drop can go on."""
+    query = (
+        "SELECT pid, application_name, backend_type, state, left(query, 80) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+    with connection.cursor() as cursor:
+        while True:  # bounded by the deadline
+            cursor.execute(query)
+            left = cursor.fetchall()
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        cursor.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", [[row[0] for row in left]])
+    return left
 
 
 @pytest.fixture

@@ -319,3 +319,24 @@ async def test_async_writes_open_new_connections_after_the_server_closed_theirs(
     await other.close()
     offsets = await asyncio.gather(*(pgstreams.awrite(s.id, "after") for _ in range(8)))
     assert sorted(offsets) == list(range(8, 16))
+
+
+async def test_a_stopped_pool_closes_the_connections_of_every_thread() -> None:
+    from django.db import connections
+
+    from pgstreams import threads
+
+    s = await pgstreams.acreate_stream()
+    await asyncio.gather(*(pgstreams.awrite(s.id, "warm") for _ in range(8)))
+
+    def backend() -> int:
+        return connections["default"].connection.info.backend_pid
+
+    pids = {await threads.writes.wrap(backend)() for _ in range(16)}
+    threads.writes.stop()
+    other = await psycopg.AsyncConnection.connect(**db.connect_kwargs("default", "test"))
+    cursor = await other.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", [list(pids)])
+    left = (await cursor.fetchone())[0]
+    await other.close()
+    assert len(pids) > 1 and left == 0
+    assert await pgstreams.awrite(s.id, "again") == 8  # new threads, new connections
