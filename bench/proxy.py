@@ -1,21 +1,28 @@
-"""A loopback TCP proxy to the test database that can freeze its open connections.
+"""A loopback TCP proxy whose open connections can be frozen, cut mid-frame, or dropped: the
+network faults of the fault tests and the soak.
 
 ``FreezingProxy`` listens on a free port of 127.0.0.1 and forwards every connection it accepts to
-one upstream: a TCP (host, port) or a Unix socket path. ``freeze()`` stops the forwarding of every
-connection open at that moment, in both directions, without closing either socket: the client's
-kernel still sees a live TCP peer that never answers, as after a failover whose old primary
-vanished without a FIN or RST. Connections accepted later are forwarded normally.
-``proxy_for(settings_dict)`` builds one for a Django DATABASES entry and ``database_via`` returns
-the entry that goes through it.
+one upstream: a TCP (host, port) or a Unix socket path.
 
-It does not inspect the Postgres protocol, simulate latency or packet loss, nor unfreeze a
-connection; frozen sockets stay open until ``close()``.
+- ``freeze()`` stops the forwarding of every connection open at that moment, in both directions,
+  without closing either socket: the client's kernel still sees a live TCP peer that never
+  answers, as after a failover whose old primary vanished without a FIN or RST. Connections
+  accepted later are forwarded normally. ``drop_frozen(age)`` closes the connections frozen at
+  least ``age`` seconds ago (the upstream server then sees them go, and frees what they held).
+- ``cut()`` ends every connection open at that moment abruptly: the next bytes the upstream
+  sends on it are forwarded only in part, then both sockets are reset (a connection idle for
+  ``CUT_IDLE`` seconds is reset as it is). The client sees half a frame, then a reset.
+
+``proxy_for(settings_dict)`` builds one for a Django DATABASES entry and ``database_via`` returns
+the entry that goes through it. It does not inspect the protocols it carries, simulate latency
+or packet loss, nor unfreeze a connection.
 """
 
 from __future__ import annotations
 
 import selectors
 import socket
+import struct
 import threading
 import time
 from types import TracebackType
@@ -28,6 +35,7 @@ CONNECT_TIMEOUT = 5.0
 IO_TIMEOUT = 10.0
 JOIN_TIMEOUT = 2.0
 CHUNK = 65536
+CUT_IDLE = 1.0  # seconds a cut connection may stay silent before it is reset without data
 
 
 class _Link:
@@ -37,26 +45,32 @@ class _Link:
         self.client = client
         self.server = server
         self.lock = threading.Lock()
-        self.frozen = False
+        self.frozen_at: float | None = None
+        self.cut_at: float | None = None
         self.closed = False
         self.thread: threading.Thread | None = None
 
-    def close(self) -> None:
+    def close(self, reset: bool = False) -> None:
+        """Close both sockets; ``reset`` sends an RST instead of a FIN."""
         self.closed = True
         for sock in (self.client, self.server):
             try:
+                if reset:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 sock.close()
             except OSError:
                 pass
 
 
 class FreezingProxy:
-    """A TCP proxy on 127.0.0.1 whose open connections can be frozen (see the module docstring)."""
+    """A TCP proxy on 127.0.0.1 whose open connections can be frozen, cut or dropped (see the
+    module docstring). ``max_connections`` bounds how many it accepts in its life (None: no
+    bound)."""
 
-    def __init__(self, upstream: Upstream, *, max_connections: int = 1000) -> None:
+    def __init__(self, upstream: Upstream, *, max_connections: int | None = 1000, port: int = 0) -> None:
         self.upstream = upstream
         self.max_connections = max_connections
-        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener = socket.create_server(("127.0.0.1", port))
         self._listener.settimeout(POLL_INTERVAL)
         self.port: int = self._listener.getsockname()[1]
         self._lock = threading.Lock()
@@ -67,27 +81,54 @@ class FreezingProxy:
         )
         self.accepted_count = 0
         self.frozen_count = 0
+        self.cut_count = 0
 
     def start(self) -> FreezingProxy:
         self._accept_thread.start()
         return self
+
+    def _open_links(self) -> list[_Link]:
+        with self._lock:
+            return [link for link in self._links if not link.closed and link.frozen_at is None]
 
     def freeze(self) -> int:
         """Stop forwarding on every open connection, leaving its sockets open; return how many.
 
         Once this returns, no further byte crosses a frozen connection.
         """
-        with self._lock:
-            links = [link for link in self._links if not link.closed and not link.frozen]
         frozen = 0
-        for link in links:
+        now = time.monotonic()
+        for link in self._open_links():
             with link.lock:
                 if not link.closed:
-                    link.frozen = True
+                    link.frozen_at = now
                     frozen += 1
         with self._lock:
             self.frozen_count += frozen
         return frozen
+
+    def drop_frozen(self, age: float = 0.0) -> int:
+        """Close (with a reset) the connections frozen at least ``age`` seconds ago; return how many."""
+        now = time.monotonic()
+        with self._lock:
+            old = [link for link in self._links if link.frozen_at is not None and now - link.frozen_at >= age]
+        dropped = 0
+        for link in old:
+            with link.lock:
+                if not link.closed:
+                    link.close(reset=True)
+                    dropped += 1
+        return dropped
+
+    def cut(self) -> int:
+        """Cut every open connection mid-frame (see the module docstring); return how many."""
+        now = time.monotonic()
+        links = self._open_links()
+        for link in links:
+            link.cut_at = now
+        with self._lock:
+            self.cut_count += len(links)
+        return len(links)
 
     def close(self) -> None:
         """Stop accepting, close every connection (frozen ones too) and join the threads."""
@@ -125,7 +166,9 @@ class FreezingProxy:
         return socket.create_connection(self.upstream, timeout=CONNECT_TIMEOUT)
 
     def _accept_loop(self) -> None:
-        while not self._stopping.is_set() and self.accepted_count < self.max_connections:
+        while not self._stopping.is_set() and (
+            self.max_connections is None or self.accepted_count < self.max_connections
+        ):
             try:
                 client, _ = self._listener.accept()
             except TimeoutError:
@@ -153,7 +196,8 @@ class FreezingProxy:
             link.thread.start()
 
     def _pump(self, link: _Link) -> None:
-        """Forward both ways until either side closes, the link freezes or the proxy closes."""
+        """Forward both ways until either side closes, the link freezes or is cut, or the proxy
+        closes."""
         peer = {link.client: link.server, link.server: link.client}
         with selectors.DefaultSelector() as selector:
             for sock in peer:
@@ -166,10 +210,14 @@ class FreezingProxy:
                 for key, _ in ready:
                     source: socket.socket = key.fileobj  # type: ignore[assignment]
                     with link.lock:
-                        if link.frozen or link.closed:
+                        if link.frozen_at is not None or link.closed:
                             return
                         try:
                             data = source.recv(CHUNK)
+                            if data and link.cut_at is not None and source is link.server:
+                                link.client.sendall(data[: max(1, len(data) // 2)])
+                                link.close(reset=True)
+                                return
                             if data:
                                 peer[source].sendall(data)
                         except OSError:
@@ -177,11 +225,15 @@ class FreezingProxy:
                         if not data:
                             link.close()
                             return
-                if link.frozen:
+                if link.frozen_at is not None:
+                    return
+                if link.cut_at is not None and time.monotonic() - link.cut_at >= CUT_IDLE:
+                    with link.lock:
+                        link.close(reset=True)
                     return
 
 
-def proxy_for(settings_dict: dict[str, Any]) -> FreezingProxy:
+def proxy_for(settings_dict: dict[str, Any], **kwargs: Any) -> FreezingProxy:
     """A (not yet started) proxy to the server of a Django DATABASES entry.
 
     HOST is a socket directory (the upstream is ``<HOST>/.s.PGSQL.<PORT>``) or a host name; it
@@ -192,8 +244,8 @@ def proxy_for(settings_dict: dict[str, Any]) -> FreezingProxy:
     if not host or "," in host:
         raise ValueError(f"proxy_for needs one explicit HOST (a socket directory or a host), not {host!r}")
     if host.startswith("/"):
-        return FreezingProxy(f"{host.rstrip('/')}/.s.PGSQL.{port}")
-    return FreezingProxy((host, port))
+        return FreezingProxy(f"{host.rstrip('/')}/.s.PGSQL.{port}", **kwargs)
+    return FreezingProxy((host, port), **kwargs)
 
 
 def database_via(proxy: FreezingProxy, settings_dict: dict[str, Any]) -> dict[str, Any]:

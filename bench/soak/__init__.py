@@ -1,0 +1,16 @@
+"""``manage.py pgstreams_soak``: every kind of writer and reader at once, in several processes,
+under a randomized schedule of faults, then every stream checked against the table.
+
+- ``run``: the coordinator. Makes a database of its own, starts the processes and the proxies,
+  keeps a set of streams open (each closed after a while, some over HTTP), injects the faults the
+  seed draws, settles, and has the record checked.
+- ``faults``: the fault kinds and how each is injected.
+- ``writers``, ``readers``, ``clients``: the worker processes (Python writers; ``read``/``aread``
+  readers; WebSocket, SSE and Durable Streams clients and HTTP writers).
+- ``record``: what every process writes down (one JSON line per event, flushed as it happens, so a
+  process killed with SIGKILL leaves what it did until then), and the streams it may use.
+- ``check``: what the record must agree with in the table; every disagreement is an anomaly.
+- ``settings``: the Django settings of the worker and server processes.
+
+Not part of the installed app: it lives in the repository's ``bench`` app, beside the benchmark.
+"""

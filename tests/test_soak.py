@@ -1,0 +1,36 @@
+"""The soak in short: every kind of writer and reader under every fault at once for half a minute,
+checked stream by stream against the table. Twice: with a fixed seed, and with a random one that
+is printed, so a failure replays (``manage.py pgstreams_soak --seed S``). ``-rP`` shows each
+run's figures."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import ROOT, subprocess_database_url
+from tests.test_faults import _forget_dead_connections
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess, pytest.mark.faults]
+
+SUMMARY = re.compile(r"soak: (\d+) faults \((\d+) kinds\), (\d+) chunks checked .*, (\d+) anomalies, seed (\d+)")
+
+
+@pytest.mark.parametrize("seed", [4242, random.randrange(10**6)], ids=["fixed-seed", "random-seed"])
+def test_a_short_soak_under_every_fault_loses_and_doubles_nothing(seed: int) -> None:
+    env = {**os.environ, "DATABASE_URL": subprocess_database_url(), "DJANGO_SETTINGS_MODULE": "demo_project.settings"}
+    command = [sys.executable, "manage.py", "pgstreams_soak", "--minutes", "0.5", "--seed", str(seed)]
+    try:
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    finally:
+        _forget_dead_connections()  # the soak restarts the server now and then
+    print(done.stdout[-6000:], done.stderr[-3000:])
+    summary = SUMMARY.search(done.stdout)
+    assert done.returncode == 0 and summary, f"replay with --seed {seed}"
+    faults, kinds, checked, anomalies, _ = map(int, summary.groups())
+    assert anomalies == 0 and faults > 0 and kinds > 0 and checked > 0

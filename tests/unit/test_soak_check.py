@@ -1,0 +1,129 @@
+"""The soak's checker finds each broken promise in a record, and none in a sound one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.soak.check import Truth, check
+
+
+def record(run_dir: Path, name: str, *events: dict) -> None:
+    (run_dir / "log").mkdir(exist_ok=True)
+    with open(run_dir / "log" / f"{name}.jsonl", "a") as log:
+        for event in events:
+            log.write(json.dumps(event) + "\n")
+
+
+def truth(chunks: dict[str, list[str]], pruned: dict[str, list[str]] | None = None) -> Truth:
+    stored = {path: dict(enumerate(data)) for path, data in {**chunks, **(pruned or {})}.items()}
+    return Truth(stored, {p: len(d) for p, d in chunks.items()}, set(pruned or ()), set(chunks) | set(pruned or ()))
+
+
+def wrote(path: str, data: list[str], offsets: list[int] | None, kind: str = "tx", **extra) -> list[dict]:
+    return [
+        {"e": "try", "k": kind, "s": path, "d": data},
+        {"e": "ok", "k": kind, "s": path, "d": data, "o": offsets, **extra},
+    ]
+
+
+def session(reader: str, path: str, start: int, *batches: tuple[int, list[str]], how: str = "end") -> list[dict]:
+    events = [{"e": "start", "r": reader, "n": 0, "s": path, "frm": start}]
+    events += [{"e": "chunks", "r": reader, "n": 0, "o": o, "d": d} for o, d in batches]
+    return [*events, {"e": "end", "r": reader, "n": 0, "how": how}]
+
+
+def anomalies(run_dir: Path, t: Truth) -> dict[str, int]:
+    return dict(check(run_dir, t).anomalies)
+
+
+def test_a_sound_record_has_no_anomaly(tmp_path: Path) -> None:
+    record(tmp_path, "writer0-0", *wrote("s", ["a", "b"], [0, 1]), *wrote("s", ["c"], [2]), {"e": "done"})
+    record(tmp_path, "reader0-0", *session("r", "s", 1, (1, ["b"]), (2, ["c"])), {"e": "done"})
+    verdict = check(tmp_path, truth({"s": ["a", "b", "c"]}))
+    assert dict(verdict.anomalies) == {} and verdict.written == 3 and verdict.delivered == 2
+
+
+@pytest.mark.parametrize(
+    ("events", "stored", "kind"),
+    [
+        (wrote("s", ["a"], [0]), {"s": ["a", "x"]}, "phantom"),
+        (wrote("s", ["a"], [0]) + wrote("s", ["b"], [1]), {"s": ["a", "a", "b"]}, "stored-twice"),
+        (wrote("s", ["a", "b"], [0, 1]), {"s": ["a"]}, "acknowledged-missing"),
+        (wrote("s", ["a", "b"], [0, 1]), {"s": ["b", "a"]}, "acknowledged-elsewhere"),
+        (
+            [{"e": "try", "k": "tx", "s": "s", "d": ["a"]}, {"e": "rolledback", "k": "tx", "s": "s", "d": ["a"]}],
+            {"s": ["a"]},
+            "rolled-back-stored",
+        ),
+        (
+            [
+                {"e": "try", "k": "append", "s": "s", "d": ["a"]},
+                {"e": "err", "k": "append", "s": "s", "d": ["a"], "why": "closed", "absent": True},
+            ],
+            {"s": ["a"]},
+            "refused-stored",
+        ),
+        (
+            [{"e": "try", "k": "sw", "s": "s", "d": [d]} for d in "abc"]
+            + [{"e": "err", "k": "sw", "s": "s", "d": ["a", "b", "c"], "sess": "1", "why": "x"}],
+            {"s": ["a", "c"]},
+            "hole",
+        ),
+        (wrote("s", ["a"], [1], w="t") + wrote("s", ["b"], [0], w="t"), {"s": ["b", "a"]}, "out-of-order-write"),
+    ],
+)
+def test_each_broken_promise_of_a_writer_is_found(tmp_path: Path, events: list[dict], stored: dict, kind: str) -> None:
+    record(tmp_path, "writer0-0", *events)
+    assert kind in anomalies(tmp_path, truth(stored))
+
+
+def test_an_unknown_outcome_may_be_stored_once_or_not_at_all(tmp_path: Path) -> None:
+    unknown = [{"e": "try", "k": "tx", "s": "s", "d": [d]} for d in "ab"]
+    unknown += [{"e": "err", "k": "tx", "s": "s", "d": [d], "why": "lost", "absent": False} for d in "ab"]
+    record(tmp_path, "writer0-0", *unknown)
+    assert anomalies(tmp_path, truth({"s": ["a"]})) == {}
+
+
+@pytest.mark.parametrize(
+    ("batches", "how", "kind"),
+    [
+        ([(0, ["a"]), (2, ["c"])], "end", "delivery-gap"),
+        ([(0, ["a", "b"]), (1, ["b", "c"])], "end", "delivered-twice"),
+        ([(0, ["a", "c"])], "stopped", "wrong-chunk"),
+        ([(0, ["a", "b", "c", "d"])], "end", "unknown-offset"),
+        ([(0, ["a", "b"])], "end", "ended-early"),
+        ([(0, ["a"])], "gone", "false-gone"),
+        ([(0, ["a"])], "error", "reader-error"),
+    ],
+)
+def test_each_broken_promise_to_a_reader_is_found(tmp_path: Path, batches: list, how: str, kind: str) -> None:
+    record(tmp_path, "writer0-0", *wrote("s", ["a", "b", "c"], [0, 1, 2]))
+    record(tmp_path, "reader0-0", *session("r", "s", 0, *batches, how=how))
+    assert kind in anomalies(tmp_path, truth({"s": ["a", "b", "c"]}))
+
+
+def test_a_pruned_streams_readers_may_be_told_it_is_gone_and_checked_against_its_copy(tmp_path: Path) -> None:
+    record(tmp_path, "writer0-0", *wrote("p", ["a", "b"], [0, 1]))
+    record(tmp_path, "reader0-0", *session("r", "p", 0, (0, ["a"]), how="gone"))
+    assert anomalies(tmp_path, truth({}, pruned={"p": ["a", "b"]})) == {}
+
+
+def test_a_session_left_unended_is_an_anomaly_only_if_its_process_finished(tmp_path: Path) -> None:
+    record(tmp_path, "writer0-0", *wrote("s", ["a"], [0]))
+    unended = session("r", "s", 0, (0, ["a"]))[:-1]
+    record(tmp_path, "reader0-0", *unended)  # killed: no "done"
+    assert anomalies(tmp_path, truth({"s": ["a"]})) == {}
+    record(tmp_path, "reader1-0", *[{**e, "r": "q"} for e in unended], {"e": "done"})
+    assert "unfinished-session" in anomalies(tmp_path, truth({"s": ["a"]}))
+
+
+def test_a_gap_in_the_table_and_a_stream_that_vanished_are_found(tmp_path: Path) -> None:
+    record(tmp_path, "writer0-0", *wrote("s", ["a"], [0]), *wrote("s", ["c"], [2]))
+    t = truth({"s": ["a", "b", "c"]})
+    del t.chunks["s"][1]
+    t.created.add("lost")
+    found = anomalies(tmp_path, t)
+    assert "table-gap" in found and "vanished" in found
