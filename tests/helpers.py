@@ -1,24 +1,30 @@
 """Helpers shared by the test modules (fixtures are in conftest.py): where the repository is, a
 free loopback port, the test database for other processes, a reader in a thread, chunks deleted
-as pruning would, extra database aliases, and a raw WebSocket client."""
+as pruning would, extra database aliases, what a LISTEN connection hears, and a raw WebSocket
+client."""
 
 from __future__ import annotations
 
 import base64
 import contextlib
 import os
+import select
 import socket
 import threading
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import psycopg
 from django.conf import settings
 from django.db import connection, connections
 from psycopg.conninfo import make_conninfo
 
 import pgstreams
+from pgstreams import notify
+from pgstreams.types import Mark
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -93,6 +99,41 @@ def database_alias(alias: str, entry: dict[str, Any]) -> Iterator[str]:
         del connections[alias]
         connections.settings.pop(alias, None)
         settings.DATABASES.pop(alias, None)
+
+
+class Heard(NamedTuple):
+    """One notification: the backend that sent it and its marks (of the streams asked about)."""
+
+    pid: int
+    marks: list[Mark]
+
+
+def heard(
+    conn: psycopg.Connection[Any],
+    streams: Iterable[uuid.UUID],
+    *,
+    until: Callable[[list[Heard]], bool],
+    timeout: float = 10.0,
+    linger: float = 0.0,
+) -> list[Heard]:
+    """The notifications about ``streams`` that arrive on ``conn`` (which LISTENs on pgstreams'
+    channel), until ``until(heard)`` holds, then ``linger`` seconds more (to catch one sent twice),
+    or until ``timeout``. Notifications about other streams, which any writer of the database may
+    send, are left out. It waits with select() and reads with libpq's own calls: psycopg's
+    ``notifies(timeout=...)`` was once seen here to go on waiting on an idle socket for ever."""
+    wanted = set(streams)
+    got: list[Heard] = []
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        if select.select([conn.pgconn.socket], [], [], min(left, 0.1))[0]:
+            conn.pgconn.consume_input()
+        while (note := conn.pgconn.notifies()) is not None:
+            marks = [m for m in notify.decode(note.extra.decode()) if m.stream_id in wanted]
+            if marks:
+                got.append(Heard(note.be_pid, marks))
+        if deadline - time.monotonic() > linger and until(got):
+            deadline = time.monotonic() + linger
+    return got
 
 
 class RawWebSocket:

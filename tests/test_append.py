@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 import uuid
 
 import psycopg
@@ -17,7 +16,7 @@ from django.test import override_settings
 import pgstreams
 from pgstreams import appender, conf, db, listener, notify
 from pgstreams.models import Chunk, Stream
-from tests.helpers import Rollback
+from tests.helpers import Rollback, heard
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -205,7 +204,6 @@ def test_readers_in_the_appending_process_are_woken_at_commit_not_by_the_flush()
 
 def test_notifications_go_out_once_per_batch() -> None:
     streams = [pgstreams.create_stream().id for _ in range(10)]
-    heard: list[str] = []
     with psycopg.connect(**db.connect_kwargs(conf.database(), "test")) as listen:
         listen.execute("LISTEN pgstreams")
         with override_settings(PGSTREAMS={"NOTIFY_MODE": "per_write", "APPEND_INTERVAL": 0.02}):
@@ -216,12 +214,10 @@ def test_notifications_go_out_once_per_batch() -> None:
 
             asyncio.run(many())
             batches = (stats() - before).batches
-        deadline = time.monotonic() + 5
-        while len(heard) < batches and time.monotonic() < deadline:
-            heard.extend(n.payload for n in listen.notifies(timeout=0.5, stop_after=batches - len(heard)))
-    marks = [m for payload in heard for m in notify.decode(payload)]
-    print(f"200 appends to 10 streams: {batches} batches, {len(heard)} notifications")
-    assert len(heard) == batches < 200
+        notes = heard(listen, streams, until=lambda notes: len(notes) >= batches, linger=0.3)
+    marks = [m for n in notes for m in n.marks]
+    print(f"200 appends to 10 streams: {batches} batches, {len(notes)} notifications")
+    assert len(notes) == batches < 200
     assert {m.stream_id: m.next_offset for m in marks} == dict.fromkeys(streams, 20)
 
 
