@@ -9,7 +9,8 @@ appenders of different processes never deadlock each other) and inserts every ch
 order per stream. A batch that certainly did not commit (the connection failed before the
 commit was sent, or the server answered it with an error) is sent again, within a retry budget
 of CONNECT_TIMEOUT + QUERY_TIMEOUT. When the commit got no answer, the appender asks the
-database whether the batch's first chunk is there with the batch's transaction as its inserter,
+database whether a chunk the batch gave one of its streams is there with the batch's transaction
+as its inserter (or, when every stream of the batch has gone since, the transaction's status),
 ending the old backend first if it still runs: a batch is never applied twice, and a caller gets
 an error only when its chunk was not committed (``OutcomeUnknown`` when nobody can tell).
 
@@ -83,8 +84,12 @@ FROM locked AS l
 NOTIFY_SQL = "SELECT pg_notify(%s, payload) FROM unnest(%s::text[]) AS payload"
 STATE_SQL = "SELECT id, closed_at FROM pgstreams_stream WHERE id = ANY(%s)"
 STATUS_SQL = "SELECT pg_xact_status(%s::xid8)"
-# The inserter of a batch's first chunk: its 32-bit transaction id.
-INSERTER_SQL = 'SELECT xmin::text FROM pgstreams_chunk WHERE stream_id = %s AND "offset" = %s'
+# The inserters of the chunks at the places a batch gave its streams' first chunks: 32-bit
+# transaction ids.
+INSERTERS_SQL = (
+    'SELECT xmin::text FROM pgstreams_chunk WHERE (stream_id, "offset") IN'
+    " (SELECT * FROM unnest(%s::uuid[], %s::bigint[]))"
+)
 # Waits (up to the given milliseconds) for the backend to exit, so its transaction has ended.
 TERMINATE_SQL = "SELECT pg_terminate_backend(%s, %s)"
 
@@ -253,7 +258,7 @@ class Appender:
             self._after_failure(conn)
             if not rows:
                 raise _NotCommitted() from exc  # it wrote nothing: sending it again is harmless
-            committed = self._resolve(rows[0], exc)
+            committed = self._resolve(rows, exc)
             if committed is None:
                 unknown = f"the connection failed while committing an append batch (transaction {rows[0][2]}): {exc}"
                 return [_error(OutcomeUnknown, unknown, exc) for _ in batch], []
@@ -266,29 +271,33 @@ class Appender:
         metrics.append_batch.observe(len(batch))
         return results, marks
 
-    def _resolve(self, row: tuple[Any, ...], failure: Exception) -> bool | None:
-        """Whether the batch of APPEND_SQL's ``row``, whose commit got no answer, committed:
+    def _resolve(self, rows: list[tuple[Any, ...]], failure: Exception) -> bool | None:
+        """Whether the batch of APPEND_SQL's ``rows``, whose commit got no answer, committed:
         True, False, or None if no connection could tell within the retry budget.
 
-        Committed means that the row's first chunk is there with the batch's transaction as its
-        inserter (``xmin``), a fact no later transaction can fake, even one that reuses the id
-        after a crash. Before concluding that it is not, a transaction still in progress (its
-        backend has not noticed the lost client) is ended by ending its backend."""
-        stream_id, base, xid, pid = row[:4]
+        It committed if the first chunk it gave any of its streams is there with the batch's
+        transaction as its inserter (``xmin``), a fact no later transaction can fake, even one
+        that reuses the id after a crash; it did not if other transactions' chunks hold those
+        places. If none of them is there (every stream of the batch was deleted, pruned or
+        expired since), the transaction's own status tells. Before concluding, a transaction
+        still in progress (its backend has not noticed the lost client) is ended by ending its
+        backend."""
+        xid, pid = rows[0][2], rows[0][3]
+        places = [[row[0] for row in rows], [row[1] for row in rows]]
         deadline = time.monotonic() + conf.connect_timeout() + conf.query_timeout()
         backoff = db.Backoff()
         while True:
             try:
                 conn = self._connection()
                 with db.watched(conn, "asking whether an append batch committed"):
-                    inserter = conn.execute(INSERTER_SQL, [stream_id, base]).fetchone()
-                    if inserter is not None and int(inserter[0]) == int(xid) % 2**32:
+                    inserters = {int(x) for (x,) in conn.execute(INSERTERS_SQL, places).fetchall()}
+                    if int(xid) % 2**32 in inserters:
                         committed = True
-                    elif _in_progress(conn, xid):
+                    elif (status := _status(conn, xid)) == "in progress":
                         conn.execute(TERMINATE_SQL, [pid, int(conf.query_timeout() * 1000 / 2)])
                         continue  # ask again, now that it has ended
                     else:
-                        committed = False
+                        committed = not inserters and status == "committed"
                 logger.warning(
                     "pgstreams: an append batch's commit got no answer (%s); it %s",
                     failure,
@@ -340,13 +349,15 @@ class Appender:
             db.close_blocking_quietly(conn)
 
 
-def _in_progress(conn: psycopg.Connection[Any], xid: str) -> bool:
-    """Whether transaction ``xid`` is still running. An id the server has not reached (it
-    restarted from a WAL that never saw it, or another server took over) is not."""
+def _status(conn: psycopg.Connection[Any], xid: str) -> str | None:
+    """Transaction ``xid``'s status: "in progress", "committed", "aborted", or None for one too old
+    to tell or that the server has not reached (it restarted from a WAL that never saw it, or
+    another server took over)."""
     try:
-        return conn.execute(STATUS_SQL, [xid]).fetchone() == ("in progress",)
+        row = conn.execute(STATUS_SQL, [xid]).fetchone()
     except psycopg.errors.InvalidParameterValue:
-        return False
+        return None
+    return None if row is None else row[0]
 
 
 def _without_broken_chains(batch: list[_Item]) -> list[_Item]:

@@ -230,15 +230,41 @@ def test_a_commit_without_answer_is_resolved_by_asking_the_database() -> None:
     with psycopg.connect(**db.connect_kwargs(conf.database(), "test")) as other:
         for outcome in ("COMMIT", "ROLLBACK"):
             other.execute("BEGIN")
-            row = other.execute(appender.APPEND_SQL, batch).fetchone()
+            rows = other.execute(appender.APPEND_SQL, batch).fetchall()
             other.execute(outcome)
-            assert target._resolve(row, RuntimeError("lost")) is (outcome == "COMMIT")
+            assert target._resolve(rows, RuntimeError("lost")) is (outcome == "COMMIT")
         other.execute("BEGIN")
-        row = other.execute(appender.APPEND_SQL, batch).fetchone()
-        assert target._resolve(row, RuntimeError("lost")) is False  # it ended the backend
+        rows = other.execute(appender.APPEND_SQL, batch).fetchall()
+        assert target._resolve(rows, RuntimeError("lost")) is False  # it ended the backend
         with pytest.raises(psycopg.OperationalError):
             other.execute("SELECT 1")
     assert stored(s) == [(0, "x")]
+
+
+def test_a_committed_batch_is_found_committed_after_its_first_stream_was_deleted() -> None:
+    """A batch over two streams commits, its answer is lost, and the stream of its first row is
+    deleted before the appender asks (as a prune, an expiry or a DELETE may do): the batch is
+    still found committed, so it is not sent again and the other stream holds its chunk once.
+    And when every stream of a batch is gone, the transaction's own status tells."""
+    target = appender.appender(conf.database())
+    first, second = sorted((pgstreams.create_stream().id for _ in range(2)), key=lambda sid: sid.int)
+    with psycopg.connect(**db.connect_kwargs(conf.database(), "test")) as other:
+        other.execute("BEGIN")
+        rows = other.execute(
+            appender.APPEND_SQL, {"ids": [first, second], "data": ["a", "b"], "level": None}
+        ).fetchall()
+        other.execute("COMMIT")
+        assert [row[0] for row in rows] == [first, second]  # locked, and returned, in id order
+        Stream.objects.filter(pk=first).delete()
+        assert target._resolve(rows, RuntimeError("lost")) is True
+        Stream.objects.filter(pk=second).delete()
+        assert target._resolve(rows, RuntimeError("lost")) is True
+        third = pgstreams.create_stream().id
+        other.execute("BEGIN")
+        rows = other.execute(appender.APPEND_SQL, {"ids": [third], "data": ["c"], "level": None}).fetchall()
+        other.execute("ROLLBACK")
+        Stream.objects.filter(pk=third).delete()
+        assert target._resolve(rows, RuntimeError("lost")) is False
 
 
 def test_once_a_stream_writers_chunk_fails_its_later_chunks_fail_unsent() -> None:
