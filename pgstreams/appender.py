@@ -37,8 +37,8 @@ from typing import Any, Final
 import psycopg
 import psycopg.errors
 
-from . import conf, db, metrics, notify, writer
-from .exceptions import OutcomeUnknown, StreamClosed, StreamError, StreamNotFound
+from . import conf, contents, db, metrics, notify, writer
+from .exceptions import InvalidChunk, OutcomeUnknown, StreamClosed, StreamError, StreamNotFound
 from .process import PerProcess
 from .stats import AppenderStats
 from .types import Mark, stream_uuid
@@ -130,6 +130,15 @@ class _NotCommitted(Exception):
     """The batch's transaction certainly did not commit; it can be sent again."""
 
 
+class _Misfits(Exception):
+    """Items their streams' content types cannot hold (``contents``), and the items of the same
+    stream writers after them: they fail, and the batch is sent again without them."""
+
+    def __init__(self, items: list[_Item], errors: list[Exception]) -> None:
+        super().__init__(f"{len(items)} item(s) their streams cannot hold")
+        self.items, self.errors = items, errors
+
+
 class Appender:
     """The append queue of one database alias in this process, and the named daemon thread that
     commits it in batches. ``submit()`` never blocks on the database."""
@@ -195,6 +204,11 @@ class Appender:
             try:
                 results, marks = self._transaction(batch)
                 break
+            except _Misfits as misfits:  # rare: fail them, and send the others without them
+                _settle(misfits.items, misfits.errors)
+                batch = [item for item in batch if item not in misfits.items]
+                if not batch:
+                    return
             except _NotCommitted as exc:
                 cause = exc.__cause__ or exc
                 self.stats.retries += 1
@@ -231,6 +245,7 @@ class Appender:
             conn = self._connection()
             with db.watched(conn, "appending a batch"):
                 conn.execute("BEGIN")
+                _check_contents(conn, batch)
                 ids, data = [item.stream_id for item in batch], [item.data for item in batch]
                 params = {"ids": ids, "data": data, "level": conf.synchronous_commit()}
                 # Prepared (once per connection) where PREPARED_STATEMENTS allows: planning the
@@ -241,6 +256,9 @@ class Appender:
                 states = dict(conn.execute(STATE_SQL, [unwritten]).fetchall()) if unwritten else {}
                 if marks and conf.notify_mode() == "per_write":
                     conn.execute(NOTIFY_SQL, (conf.channel(), notify.pack(marks)))
+        except _Misfits:
+            self._after_failure(self._conn)
+            raise
         except psycopg.Error as exc:
             refused = _refused(exc, self._conn)
             self._after_failure(self._conn)
@@ -358,6 +376,36 @@ def _status(conn: psycopg.Connection[Any], xid: str) -> str | None:
     except psycopg.errors.InvalidParameterValue:
         return None
     return None if row is None else row[0]
+
+
+def _check_contents(conn: psycopg.Connection[Any], batch: list[_Item]) -> None:
+    """Raise _Misfits for the items their streams' content types cannot hold; the content types
+    of streams this process has not met yet are read first (an unknown stream is left to the
+    batch's statement, which reports it)."""
+    unknown = {item.stream_id for item in batch if contents.kinds.get(item.stream_id) is None}
+    if unknown:
+        contents.kinds.remember(conn.execute(contents.LOOKUP_SQL, [list(unknown)]).fetchall())
+    misfits: list[_Item] = []
+    errors: list[Exception] = []
+    broken: dict[_Chain, Exception] = {}  # stream writers with a misfit earlier in the batch
+    for item in batch:
+        if item.chain is not None and item.chain in broken:
+            misfits.append(item)
+            cause = broken[item.chain]
+            errors.append(_error(StreamError, f"an earlier chunk of this writer failed: {cause}", cause))
+            continue
+        kind = contents.kinds.get(item.stream_id)
+        if kind is None:
+            continue
+        try:
+            contents.check_fits(kind, item.data, item.stream_id)
+        except InvalidChunk as exc:
+            misfits.append(item)
+            errors.append(exc)
+            if item.chain is not None:
+                broken[item.chain] = exc
+    if misfits:
+        raise _Misfits(misfits, errors)
 
 
 def _without_broken_chains(batch: list[_Item]) -> list[_Item]:
@@ -483,8 +531,9 @@ def append(stream_id: Any, data: str, *, using: str | None = None) -> int:
     commit or roll back with other changes.
 
     Raises:
-        StreamNotFound, StreamClosed, ChunkTooLarge, InvalidChunk (affecting only this call, never
-        the other appends of its batch); TypeError for non-str data; OutcomeUnknown if the
+        StreamNotFound, StreamClosed, ChunkTooLarge, InvalidChunk (also for a chunk the stream's
+        content type cannot hold, as for ``write()``), each affecting only this call, never the
+        other appends of its batch; TypeError for non-str data; OutcomeUnknown if the
         connection failed during the commit and the database could not be asked in time.
     """
     sid, target = _prepare(stream_id, data, using)

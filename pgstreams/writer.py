@@ -1,7 +1,8 @@
 """Write path: create_stream, write, write_many, close, and their async twins.
 
 Each call is one statement on Django's connection for the alias, so it joins the caller's
-transaction. After commit (``transaction.on_commit``) the stream's new high-water mark goes to
+transaction (the first write of a process to a stream asks for its content type first:
+``contents``). After commit (``transaction.on_commit``) the stream's new high-water mark goes to
 this process's notification buffer and wakes this process's readers; nothing is announced for a
 transaction that rolls back. Never reads chunks and never waits for a flush.
 """
@@ -14,7 +15,7 @@ from typing import Any, overload
 import psycopg
 from django.db import connections, transaction
 
-from . import conf, listener, metrics, notify, producers, signals, threads
+from . import conf, contents, listener, metrics, notify, producers, signals, threads
 from .exceptions import ChunkTooLarge, InvalidChunk, StreamClosed, StreamNotFound
 from .models import Stream, is_text, path_problem
 from .types import Mark, Producer, stream_uuid
@@ -109,6 +110,22 @@ def check_chunk(data: Any, limit: int) -> None:
         )
     if "\x00" in data:
         raise InvalidChunk("chunk data holds a NUL character, which PostgreSQL text cannot store; remove or escape it")
+
+
+def _check_contents(alias: str, sid: Any, items: list[str]) -> None:
+    """Raise InvalidChunk if the stream's content type cannot hold ``items`` (``contents``);
+    StreamNotFound if there is no such stream. Asks the database once per stream and process."""
+    kind = contents.kinds.get(sid)
+    if kind is None:
+        with connections[alias].cursor() as cursor:
+            cursor.execute(contents.LOOKUP_SQL, [[sid]])
+            rows = cursor.fetchall()
+        if not rows:
+            raise StreamNotFound(f"no stream {sid} in database {alias!r}")
+        contents.kinds.remember(rows)
+        kind = contents.kind_of(rows[0][1])
+    for data in items:
+        contents.check_fits(kind, data, sid)
 
 
 def _level(synchronous_commit: str | None) -> str | None:
@@ -235,9 +252,11 @@ def create_stream(
         raise ValueError(problem)
     if not is_text(content_type) or len(content_type) > 255:
         raise ValueError(f"content_type must be a text/* type or application/json, not {content_type!r}")
-    return Stream.objects.using(using or conf.database()).create(
+    stream = Stream.objects.using(using or conf.database()).create(
         owner=owner, label=label, metadata=metadata or {}, path=path, content_type=content_type
     )
+    contents.kinds.remember([(stream.id, content_type)])
+    return stream
 
 
 @overload
@@ -273,13 +292,16 @@ def write(
             any pgstreams write in the transaction asked for.
 
     Raises:
-        StreamNotFound, StreamClosed, ChunkTooLarge, InvalidChunk; ProducerFenced, ProducerGap;
-        TypeError for non-str data; ValueError for an unknown synchronous_commit or a bad producer.
+        StreamNotFound, StreamClosed, ChunkTooLarge; InvalidChunk (also for a chunk the stream's
+        content type cannot hold: not one JSON value in an ``application/json`` stream, any text
+        in a stream of bytes); ProducerFenced, ProducerGap; TypeError for non-str data;
+        ValueError for an unknown synchronous_commit or a bad producer.
     """
     sid = stream_uuid(stream_id)
     check_chunk(data, conf.max_chunk_bytes())
     level = _level(synchronous_commit)
     alias = using or conf.database()
+    _check_contents(alias, sid, [data])
     mode = conf.notify_mode()
     rows = _execute_once(producer, "write", alias, mode, level, {"id": sid, "data": data})
     if rows is None:
@@ -313,6 +335,7 @@ def write_many(
     if not items:
         return []
     alias = using or conf.database()
+    _check_contents(alias, sid, items)
     mode = conf.notify_mode()
     rows = _execute_once(producer, "write_many", alias, mode, level, {"id": sid, "n": len(items), "items": items})
     if rows is None:

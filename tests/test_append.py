@@ -241,6 +241,39 @@ def test_a_commit_without_answer_is_resolved_by_asking_the_database() -> None:
     assert stored(s) == [(0, "x")]
 
 
+def test_an_append_its_streams_content_type_cannot_hold_fails_alone() -> None:
+    """In one batch: a JSON stream's good and bad chunks, a stream of bytes, a text stream, and
+    a stream writer whose second chunk is not JSON. Only the misfits fail (and the writer's
+    chunks after its misfit, unsent); the rest commit in order."""
+    from pgstreams import contents
+
+    text = pgstreams.create_stream()
+    data = pgstreams.create_stream(content_type="application/json")
+    raw = Stream.objects.create(content_type="application/octet-stream")
+    contents.kinds._known.pop(data.id)  # as in a process that did not make it
+
+    async def batch() -> list:
+        async def writer() -> BaseException | None:
+            try:
+                async with pgstreams.stream_writer(data.id) as w:
+                    for chunk in ('"w0"', "w1", '"w2"'):
+                        await w.send(chunk)
+            except pgstreams.StreamError as exc:
+                return exc
+            return None
+
+        calls = [pgstreams.aappend(data.id, "1"), pgstreams.aappend(data.id, "1 2"), pgstreams.aappend(raw.id, "x")]
+        calls += [pgstreams.aappend(text.id, "t"), writer()]
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    first, two, to_raw, to_text, writer = asyncio.run(batch())
+    assert isinstance(two, pgstreams.InvalidChunk) and "one JSON value" in str(two)
+    assert isinstance(to_raw, pgstreams.InvalidChunk) and "holds bytes" in str(to_raw)
+    assert isinstance(writer, pgstreams.InvalidChunk) and to_text == 0
+    assert [d for _, d in stored(data)] == ["1", '"w0"'] and first == 0
+    assert stored(text) == [(0, "t")] and not Chunk.objects.filter(stream=raw).exists()
+
+
 def test_a_committed_batch_is_found_committed_after_its_first_stream_was_deleted() -> None:
     """A batch over two streams commits, its answer is lost, and the stream of its first row is
     deleted before the appender asks (as a prune, an expiry or a DELETE may do): the batch is

@@ -121,6 +121,38 @@ def test_bad_chunks_are_refused_before_the_database(data, error, django_assert_n
     assert stored(s) == []
 
 
+@pytest.mark.parametrize("remembered", [True, False], ids=["made-here", "made-elsewhere"])
+def test_a_json_stream_takes_one_json_value_per_chunk_and_nothing_else(remembered: bool) -> None:
+    """Each chunk of an application/json stream is one message to its Durable Streams readers: a
+    chunk that is two values, none, or not JSON would corrupt every reader's array. Refused with
+    nothing written, whether this process made the stream (its kind remembered) or not."""
+    from asgiref.sync import async_to_sync
+    from django.test import AsyncClient
+
+    from pgstreams import contents
+
+    s = pgstreams.create_stream(path="json/one-value", content_type="application/json")
+    if not remembered:
+        contents.kinds._known.pop(s.id)
+    for bad in ("1,2", "", " ", "[1,", "NaN", "1e400", "'x'"):
+        with pytest.raises(pgstreams.InvalidChunk, match="one JSON value"):
+            pgstreams.write(s.id, bad)
+        with pytest.raises(pgstreams.InvalidChunk, match="one JSON value"):
+            pgstreams.write_many(s.id, ['"fine"', bad])
+    assert pgstreams.write_many(s.id, ['"x"', "1", ' {"a": [1, 2]} ']) == [0, 1, 2]
+    response = async_to_sync(AsyncClient().get)("/pgstreams/v1/stream/json/one-value")
+    assert response.json() == ["x", 1, {"a": [1, 2]}] and response["Stream-Next-Offset"].startswith("0" * 15 + "3")
+
+
+def test_a_stream_of_bytes_takes_no_text_from_python_writers() -> None:
+    s = Stream.objects.create(path="bytes/raw", content_type="application/octet-stream")
+    with pytest.raises(pgstreams.InvalidChunk, match="holds bytes"):
+        pgstreams.write(s.id, "text")
+    with pytest.raises(pgstreams.InvalidChunk, match="holds bytes"):
+        pgstreams.write_many(s.id, ["text"])
+    assert not Chunk.objects.filter(stream=s).exists()
+
+
 def test_max_chunk_bytes_is_read_at_use() -> None:
     s = pgstreams.create_stream()
     assert pgstreams.write(s.id, "x" * 65536) == 0

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import datetime
 import json
-import math
 import random
 import re
 import time
@@ -18,6 +17,7 @@ import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any, Final
 
+from ..contents import STRICT_JSON
 from ..models import path_problem
 from ..types import Producer
 
@@ -145,7 +145,7 @@ def json_messages(body: bytes) -> list[str]:
     flattened), each kept as the text the client sent."""
     try:
         text = body.decode()
-        value = _DECODER.decode(text)
+        value = STRICT_JSON.decode(text)
     except (ValueError, RecursionError) as exc:
         raise Refused(400, f"the body is not valid JSON: {exc}") from None
     if not isinstance(value, list):
@@ -154,24 +154,12 @@ def json_messages(body: bytes) -> list[str]:
     position = _SPACE.match(text).end() + 1  # past the array's "["
     for _ in value:
         start = _SPACE.match(text, position).end()
-        position = _DECODER.raw_decode(text, start)[1]
+        position = STRICT_JSON.raw_decode(text, start)[1]
         items.append(text[start:position])
         position = _SPACE.match(text, position).end() + 1  # past the "," (or the final "]")
     return items
 
 
-def _not_json(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _finite(text: str) -> float:
-    number = float(text)
-    if math.isinf(number):
-        raise ValueError(f"{text[:40]} is too large for a JSON reader's numbers")
-    return number
-
-
-_DECODER = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite)
 _SPACE = re.compile(r"[ \t\n\r]*")
 
 
