@@ -17,6 +17,8 @@ import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any, Final
 
+from django.utils.crypto import salted_hmac
+
 from ..contents import STRICT_JSON
 from ..models import path_problem
 from ..types import Producer
@@ -205,7 +207,11 @@ def cursor(given: str | None) -> str:
 
 
 def etag(stream_id: uuid.UUID, start: int, end: int, closed: bool) -> str:
-    return f'"{stream_id.hex}:{start}:{end}{":c" if closed else ""}"'
+    """A read's ETag: the stream (by a keyed hash of its id, which tells nothing about the id:
+    the id of an ownerless stream is a read capability at the other endpoints), the range, and
+    whether it ends the stream."""
+    stream = salted_hmac("pgstreams.durable.etag", stream_id.bytes).hexdigest()[:20]
+    return f'"{stream}:{start}:{end}{":c" if closed else ""}"'
 
 
 def etag_matches(tag: str, if_none_match: str | None) -> bool:

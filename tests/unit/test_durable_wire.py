@@ -185,6 +185,18 @@ def test_etags_vary_with_range_and_closure_and_match_lists() -> None:
     assert not wire.etag_matches(tag, '"wrong"') and not wire.etag_matches(tag, None)
 
 
+def test_an_etag_tells_nothing_of_the_stream_id() -> None:
+    """An ownerless stream's id reads it at the WebSocket and SSE endpoints: an ETag that held it
+    would hand that capability to anyone who read the stream once at the Durable Streams one."""
+    import uuid
+
+    sid = uuid.uuid4()
+    tag = wire.etag(sid, 0, 3, False)
+    assert sid.hex not in tag and str(sid) not in tag
+    assert not any(sid.hex[i : i + 8] in tag for i in range(0, 32, 4))
+    assert tag == wire.etag(sid, 0, 3, False) != wire.etag(uuid.uuid4(), 0, 3, False)
+
+
 def test_sse_text_keeps_the_spaces_a_line_starts_with() -> None:
     event = wire.sse_data([" more", "\n  two"], json_mode=False, binary=False).decode()
     lines = [line.removeprefix("data:") for line in event.splitlines() if line.startswith("data:")]
