@@ -214,6 +214,36 @@ def test_waiting_long_polls_hold_no_database_connection() -> None:
     assert all(answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"wake") for answer in answers), answers[0]
 
 
+async def test_an_sse_answer_ends_after_its_bytes_and_the_client_resumes_where_it_ended(monkeypatch) -> None:
+    """A client that stops reading holds what one answer may send, not all that is written: the
+    answer ends after SSE_BYTES, on a control event, and the next one starts at its offset."""
+    from pgstreams.durable import views
+
+    monkeypatch.setattr(views, "SSE_BYTES", 2000)
+    s = await pgstreams.acreate_stream(path="sse/bytes")
+    response = await AsyncClient().get(url("sse/bytes"), {"offset": "now", "live": "sse"})
+
+    async def write() -> None:
+        for i in range(60):
+            await pgstreams.awrite(s.id, f"{i:03d}" + "x" * 97)
+
+    async def read(answer) -> str:
+        return b"".join([part async for part in answer.streaming_content]).decode()
+
+    writing = asyncio.create_task(write())
+    body = await asyncio.wait_for(read(response), 20)  # ends long before SSE_SECONDS
+    events = [e for e in body.split("\n\n") if e.strip() and not e.startswith(":")]
+    assert events[-1].startswith("event: control") and 2000 <= len(body) < 8000
+    resume = json.loads(events[-1].partition("data:")[2])["streamNextOffset"]
+    await writing
+    await pgstreams.aclose(s.id)
+    rest = (await AsyncClient().get(url("sse/bytes"), {"offset": resume})).content.decode()
+    got = [line for e in events if e.startswith("event: data") for line in e.split("\n")[1:]]
+    assert "".join(line.removeprefix("data:") for line in got) + rest == "".join(
+        f"{i:03d}" + "x" * 97 for i in range(60)
+    )
+
+
 async def test_a_binary_stream_reaches_sse_and_the_admin_as_bytes() -> None:
     with OPEN:
         await AsyncClient().put(url("png"), b"\x89PNG\r\n", content_type="image/png")

@@ -11,6 +11,7 @@ import asyncio
 import json
 import queue
 import random
+import socket
 import subprocess
 import threading
 import time
@@ -391,6 +392,40 @@ async def _lying_client(host: str, server: str) -> None:
     assert b'"code": 4400' in answer and b"the only client message" in answer
     name = "daphne" if server == "demo_server" else "uvicorn"
     print(f"lying client: {name} grew {growth_mib:.1f} MiB while 50 MB were written to its stream")
+    assert growth_mib < 25
+
+
+def test_a_durable_streams_sse_client_that_stops_reading_holds_bounded_server_memory(open_durable_server: str) -> None:
+    """A raw socket (a 4 KiB receive buffer) opens a Durable Streams SSE answer at the tail of a
+    stream and never reads, while 48 MB are written to it: the answer ends after SSE_BYTES, so
+    the server holds about that much for it, not all that was written (it held all of it)."""
+    asyncio.run(_silent_sse_client(open_durable_server))
+
+
+async def _silent_sse_client(host: str) -> None:
+    address, port = host.rsplit(":", 1)
+    process = next(
+        p
+        for p in psutil.Process().children(recursive=True)
+        if any(c.laddr.port == int(port) and c.status == psutil.CONN_LISTEN for c in p.net_connections())
+    )
+    s = await pgstreams.acreate_stream(path="silent/sse")
+    sock = socket.create_connection((address, int(port)), timeout=10)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    request = f"GET /pgstreams/v1/stream/silent/sse?offset=now&live=sse HTTP/1.1\r\nHost: {host}\r\n\r\n"
+    sock.sendall(request.encode())
+    await asyncio.sleep(1.0)
+    before = peak = process.memory_info().rss
+    chunk = "x" * 10_000
+    for _ in range(0, 4800, 100):  # 48 MB
+        await pgstreams.awrite_many(s.id, [chunk] * 100)
+        peak = max(peak, process.memory_info().rss)
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(1.0)
+    peak = max(peak, process.memory_info().rss)
+    sock.close()
+    growth_mib = (peak - before) / 2**20
+    print(f"silent Durable Streams SSE client: daphne grew {growth_mib:.1f} MiB while 48 MB were written")
     assert growth_mib < 25
 
 

@@ -34,6 +34,9 @@ from .wire import Refused
 SSE_SECONDS = 60.0
 # Seconds of silence after which an SSE response sends a comment, so proxies keep it open.
 KEEPALIVE = 15.0
+# An SSE response also ends, after a control event, once it has sent about this many bytes: what
+# a client that stops reading can hold in the server's send buffers (the client resumes).
+SSE_BYTES = 1 << 20
 
 _REQUEST_HEADERS = (
     "Content-Type, Stream-TTL, Stream-Expires-At, Stream-Seq, Stream-Closed, Stream-Forked-From, "
@@ -345,16 +348,20 @@ def _sse(read: store.Read, cursor_given: str | None) -> StreamingHttpResponse:
 
 async def _events(read: store.Read, cursor: str) -> AsyncIterator[bytes]:
     """A data event for each batch, each followed by its control event; a control event first
-    when there is nothing to send yet; the last one says the stream is closed, if it is."""
+    when there is nothing to send yet; the last one says the stream is closed, if it is. Ends
+    after SSE_SECONDS or SSE_BYTES, after a control event."""
     state = read.state
     json_mode, binary = state.json_mode, state.binary
     position = read.start
     at_end = state.closed and read.up_to_date
+    sent = 0
     if read.chunks:
-        yield wire.sse_data(read.chunks, json_mode=json_mode, binary=binary)
+        data = wire.sse_data(read.chunks, json_mode=json_mode, binary=binary)
+        sent += len(data)
+        yield data
         position = read.end
     yield wire.sse_control(position, cursor_value=cursor, up_to_date=read.up_to_date, closed=at_end)
-    if at_end:
+    if at_end or sent >= SSE_BYTES:
         return
     metrics.sse_clients.inc()
     deadline = time.monotonic() + SSE_SECONDS
@@ -364,7 +371,9 @@ async def _events(read: store.Read, cursor: str) -> AsyncIterator[bytes]:
                 if not progress.chunks:
                     yield wire.SSE_KEEPALIVE
                 else:
-                    yield wire.sse_data([c.data for c in progress.chunks], json_mode=json_mode, binary=binary)
+                    data = wire.sse_data([c.data for c in progress.chunks], json_mode=json_mode, binary=binary)
+                    sent += len(data)
+                    yield data
                     metrics.observe_delivery(progress.chunks)
                     position = progress.chunks[-1].offset + 1
                     yield wire.sse_control(
@@ -372,7 +381,7 @@ async def _events(read: store.Read, cursor: str) -> AsyncIterator[bytes]:
                     )
                     if progress.closed:
                         return
-                if time.monotonic() >= deadline:
+                if time.monotonic() >= deadline or sent >= SSE_BYTES:
                     return  # the client resumes from the last control event's offset
         yield wire.sse_control(position, cursor_value=None, up_to_date=True, closed=True)
     except (StreamNotFound, ChunksPruned):
