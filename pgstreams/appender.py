@@ -67,7 +67,7 @@ locked AS (
 ),
 moved AS (
     UPDATE pgstreams_stream AS s
-    SET next_offset = l.base + l.n, used_at = CASE WHEN s.ttl IS NULL THEN s.used_at ELSE now() END
+    SET next_offset = l.base + l.n, used_at = CASE WHEN s.ttl IS NULL THEN s.used_at ELSE clock_timestamp() END
     FROM locked AS l WHERE s.id = l.id
 ),
 written AS (

@@ -255,9 +255,9 @@ async_threads: Setting[int] = Setting(
     Rule(lambda v: _whole(v) and v > 0, "a positive whole number of threads"),
     "pgstreams.E017",
     "threads per process on which `awrite` and the other async twins run their queries, and as many for the "
-    "Durable Streams endpoint's requests, each keeping a Django connection of its own open (the WebSocket and SSE "
-    "endpoints' authorization lookups have two threads of their own, so writes waiting on locks never hold up a "
-    "connect)",
+    "Durable Streams endpoint's reads and as many for its writes, each keeping a Django connection of its own open "
+    "(the WebSocket and SSE endpoints' authorization lookups have two threads of their own, so writes waiting on "
+    "locks never hold up a connect or a read)",
 )
 
 

@@ -109,7 +109,7 @@ def expired(using: str | None = None) -> int:
     from .durable.store import EXPIRED_WHERE
 
     with connections[using or conf.database()].cursor() as cursor:
-        cursor.execute(f"SELECT count(*) FROM pgstreams_stream WHERE {EXPIRED_WHERE}", {"now": timezone.now()})
+        cursor.execute(f"SELECT count(*) FROM pgstreams_stream WHERE {EXPIRED_WHERE}")  # constants
         return int(cursor.fetchone()[0])
 
 

@@ -13,7 +13,6 @@ offsets and serves every read. Deleting a stream deletes its chunks in the datab
 
 from __future__ import annotations
 
-import datetime
 import re
 import uuid
 from typing import Final
@@ -149,16 +148,6 @@ class Stream(models.Model):
     def holds_text(self) -> bool:
         """Whether its chunks are text (``data``) rather than bytes (``blob``)."""
         return is_text(self.content_type)
-
-    def expired(self, now: datetime.datetime) -> bool:
-        """Whether its Durable Streams expiry (an absolute time, or ttl seconds unused) has passed."""
-        if self.expires_at is not None and self.expires_at <= now:
-            return True
-        return (
-            self.ttl is not None
-            and self.used_at is not None
-            and self.used_at + datetime.timedelta(seconds=self.ttl) <= now
-        )
 
 
 class Chunk(models.Model):

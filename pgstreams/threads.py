@@ -1,8 +1,10 @@
-"""Where async callers run pgstreams' blocking database work: three pools of named threads per
+"""Where async callers run pgstreams' blocking database work: four pools of named threads per
 process, each thread with Django connections of its own. ``writes`` (``ASYNC_THREADS`` threads)
 runs the async twins of the writers; ``lookups`` (two threads) runs the WebSocket and SSE
 endpoints' authorization lookups, so that writes waiting on row locks never hold up a connect;
-``durable`` (``ASYNC_THREADS`` threads) runs the Durable Streams endpoint's requests.
+``durable`` and ``durable_writes`` (``ASYNC_THREADS`` threads each) run the Durable Streams
+endpoint's reads and its writes, so that writes waiting on a stream's row lock never hold up
+reads.
 
 Not asgiref's one shared thread, which ``sync_to_async`` uses by default outside a request: there,
 one write waiting on a row lock would hold up every other write and every WebSocket's
@@ -92,11 +94,12 @@ class Pool:
 writes = Pool("pgstreams-write", conf.async_threads)
 lookups = Pool("pgstreams-lookup", lambda: LOOKUP_THREADS)
 durable = Pool("pgstreams-durable", conf.async_threads)
+durable_writes = Pool("pgstreams-durable-write", conf.async_threads)
 
 
 def stop_pools() -> None:
-    """Stop the three pools, their threads' Django connections closed."""
-    for pool in (writes, lookups, durable):
+    """Stop the pools, their threads' Django connections closed."""
+    for pool in (writes, lookups, durable, durable_writes):
         pool.stop()
 
 

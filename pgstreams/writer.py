@@ -82,7 +82,9 @@ _TEMPLATES = {
 }
 
 
-_USED_AT = "CASE WHEN ttl IS NULL THEN used_at ELSE now() END"
+# The database's clock at the statement, not the transaction's start (now()): a long transaction's
+# writes must not stamp a time its own commit has already outlived.
+_USED_AT = "CASE WHEN ttl IS NULL THEN used_at ELSE clock_timestamp() END"
 
 
 @cache

@@ -15,15 +15,17 @@ import sys
 import time
 from pathlib import Path
 
+import psycopg
 import pytest
 from asgiref.sync import sync_to_async
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
-from django.db import connection
+from django.db import connection, transaction
 from django.test import AsyncClient, Client, override_settings
 from django.utils import timezone
 
 import pgstreams
+from pgstreams import db
 from pgstreams.durable import wire
 from pgstreams.models import Stream
 from tests.conftest import serving
@@ -337,3 +339,116 @@ async def test_a_long_poll_waiting_on_a_stream_deleted_under_it_answers_404_not_
         answer = await asyncio.wait_for(waiting, 10)
         assert (await client.get(url("doomed"))).status_code == 410
     assert answer.status_code == 404 and "Stream-Closed" not in answer
+
+
+def writes_for_the_signed_in(request, action: str, path: str, stream) -> bool:
+    """Writes for signed-in users, reads as the default rule says."""
+    from pgstreams.auth import default_durable_authorize
+
+    return request.user.is_authenticated or default_durable_authorize(request, action, path, stream)
+
+
+async def test_a_stream_held_by_a_long_transaction_stalls_neither_refused_writes_nor_reads() -> None:
+    """Another connection holds the row of `held` (as `atomic(): write(); <a slow model call>`
+    does). Refused writes to it answer 403 while the lock is still held (the rule is asked before
+    any lock); an allowed write waits at most QUERY_TIMEOUT, then answers 503 with Retry-After;
+    and with every write thread waiting on the lock, reads of another stream are answered."""
+    writer = await sync_to_async(get_user_model().objects.create_user)("w", password="pw")
+    allowed = AsyncClient()
+    await allowed.aforce_login(writer)
+    held = await pgstreams.acreate_stream(path="held", owner=writer)
+    await pgstreams.acreate_stream(path="other")
+    await pgstreams.awrite_many(await Stream.objects.aget(path="other"), ["o"])
+    rule = {"DURABLE_AUTHORIZE": "tests.test_durable.writes_for_the_signed_in", "QUERY_TIMEOUT": 2.0}
+    holder = await psycopg.AsyncConnection.connect(**db.connect_kwargs("default", "test-holder"))
+    await holder.execute("BEGIN")
+    await holder.execute("SELECT 1 FROM pgstreams_stream WHERE id = %s FOR UPDATE", [held.id])
+    try:
+        with override_settings(PGSTREAMS=rule):
+            waiting = [asyncio.create_task(allowed.post(url("held"), "x", content_type="text/plain")) for _ in range(6)]
+            await asyncio.sleep(0.3)  # every write thread now waits on the row
+            anonymous = AsyncClient()
+            refused = await asyncio.wait_for(
+                asyncio.gather(*(anonymous.post(url("held"), "x", content_type="text/plain") for _ in range(4))), 1.5
+            )
+            read = await asyncio.wait_for(anonymous.get(url("other")), 1.5)
+            assert not all(task.done() for task in waiting)  # the lock is still held
+            answers = await asyncio.wait_for(asyncio.gather(*waiting), 20)
+    finally:
+        await holder.execute("ROLLBACK")
+        await holder.close()
+    assert [r.status_code for r in refused] == [403] * 4
+    assert (read.status_code, read.content) == (200, b"o")
+    assert {r.status_code for r in answers} == {503} and answers[0]["Retry-After"] == "1"
+    assert (await Stream.objects.aget(path="held")).next_offset == 0
+
+
+async def test_a_ttl_is_judged_by_the_databases_clock_and_a_refused_request_removes_nothing(monkeypatch) -> None:
+    """A stream with a TTL of 1 s written twice in one transaction 1.5 s apart is alive when it
+    commits (the write stamps its own moment, not the transaction's start); the application
+    server's clock plays no part; and a request the rule refuses never removes a stream, even an
+    expired one (an allowed one then does)."""
+    owner = await sync_to_async(get_user_model().objects.create_user)("owner", password="pw")
+    await pgstreams.acreate_stream(path="ttl/long", owner=owner)
+    await Stream.objects.filter(path="ttl/long").aupdate(ttl=1)
+    stream = await Stream.objects.aget(path="ttl/long")
+
+    def long_transaction() -> None:
+        with transaction.atomic():
+            pgstreams.write(stream.id, "a")
+            time.sleep(1.5)
+            pgstreams.write(stream.id, "b")
+
+    await sync_to_async(long_transaction)()
+    anonymous, signed_in = AsyncClient(), AsyncClient()
+    await signed_in.aforce_login(owner)
+    assert (await anonymous.get(url("ttl/long"))).status_code == 403
+    monkeypatch.setattr(timezone, "now", lambda: datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1))
+    assert (await signed_in.get(url("ttl/long"))).content == b"ab"  # an hour ahead, by the app's clock
+    monkeypatch.undo()
+    await asyncio.sleep(1.2)  # now expired, by the database's clock: as if there were no stream
+    assert (await anonymous.get(url("ttl/long"))).status_code == 403
+    assert (await signed_in.get(url("ttl/long"))).status_code == 403  # the default rule reads no missing stream
+    assert await Stream.objects.filter(path="ttl/long").aexists()  # refused: nothing removed
+    with override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": "tests.test_durable.writes_for_the_signed_in"}):
+        assert (await signed_in.get(url("ttl/long"))).status_code == 404  # allowed: removed on the way
+    assert not await Stream.objects.filter(path="ttl/long").aexists()
+
+
+def _readme_rule():
+    """The DURABLE_AUTHORIZE example of the README, as written there."""
+    readme = (ROOT / "README.md").read_text()
+    blocks = [block.split("```", 1)[0] for block in readme.split("```python\n")[1:]]
+    source = next(block for block in blocks if "def authorize(request, action, path, stream)" in block)
+    namespace: dict = {}
+    exec(compile(source, "README.md", "exec"), namespace)  # the README's own code, not a copy
+    return namespace["authorize"]
+
+
+def readme_rule(request, action: str, path: str, stream) -> bool:
+    return _readme_rule()(request, action, path, stream)
+
+
+def broken_rule(request, action: str, path: str, stream) -> bool:
+    return stream.owner_id is None  # raises when there is no stream
+
+
+async def test_the_readmes_rule_and_a_rule_that_raises_tell_no_one_which_paths_exist() -> None:
+    alice = await sync_to_async(get_user_model().objects.create_user)("alice", password="pw")
+    await pgstreams.acreate_stream(path=f"users/{alice.pk}/notes", owner=alice)
+    await pgstreams.acreate_stream(path="shared/board")
+    anonymous = AsyncClient()
+    for rule in ("readme_rule", "broken_rule"):
+        with override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": f"tests.test_durable.{rule}"}):
+            probes = [f"users/{alice.pk}/notes", f"users/{alice.pk}/does-not-exist"]
+            assert [(await anonymous.get(url(p))).status_code for p in probes] == [403, 403], rule
+            forks = [
+                await anonymous.put(url(f"mine/{i}"), headers={"Stream-Forked-From": p}) for i, p in enumerate(probes)
+            ]
+            assert [f.status_code for f in forks] == [403, 403], rule
+    with override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": "tests.test_durable.readme_rule"}):
+        assert (await anonymous.get(url("shared/board"))).status_code == 200
+        owner = AsyncClient()
+        await owner.aforce_login(alice)
+        created = await owner.put(url(f"users/{alice.pk}/todo"), "x", content_type="text/plain")
+        assert created.status_code == 201

@@ -15,13 +15,14 @@ keeps no chunks, and it goes with its last fork.
 from __future__ import annotations
 
 import datetime
+import logging
 import uuid
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal
 
-from django.db import IntegrityError, connections, transaction
-from django.utils import timezone
+from django.db import IntegrityError, OperationalError, connections, transaction
+from django.db.models.functions import Now
 
 from .. import conf, notify, producers
 from ..exceptions import ProducerFenced, ProducerGap
@@ -31,12 +32,30 @@ from ..writer import after_commit, committed, prepared_cursor
 from . import wire
 from .wire import Refused
 
+logger = logging.getLogger("pgstreams.durable")
+
 Action = Literal["create", "append", "close", "delete", "read"]
 
 # A catch-up response holds at most this many chunks, and stops after the chunk that reaches
 # this many bytes.
 READ_CHUNKS = 1000
 READ_BYTES = 1 << 20
+
+
+# A write waits at most this long in its transaction (on a thread) for a stream's row that another
+# transaction holds; the view tries again, with no thread held in between (``Busy``).
+LOCK_WAIT = 0.1
+
+
+class Busy(Refused):
+    """Another transaction holds the stream's row: the write may be tried again."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(
+            503,
+            f"the stream at {path!r} is being written by a transaction that holds it; try again",
+            {"Retry-After": "1"},
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,49 +125,87 @@ class Read:
 
 
 def authorize(request: Any, action: Action, path: str, stream: Stream | None) -> None:
-    if not conf.durable_authorize()(request, action, path, stream):
+    """Refuse (403) unless DURABLE_AUTHORIZE lets the request ``action`` the stream. A rule that
+    raises refuses, and is logged: its answer must not depend on whether the stream exists."""
+    try:
+        allowed = conf.durable_authorize()(request, action, path, stream)
+    except Exception:
+        logger.exception("pgstreams: DURABLE_AUTHORIZE raised for %s %r; the request is refused", action, path)
+        allowed = False
+    if not allowed:
         raise Refused(403, f"not allowed to {action} stream {path!r}")
 
 
-# The stream at a path, as one prepared statement: every request starts with it, and building it
-# through the ORM cost more than the rest of an append.
+# The stream at a path, and whether its expiry has passed by the database's clock at this moment
+# (a transaction's now() is its start, and the application server's clock is another clock), as
+# one prepared statement: every request starts with it, and building it through the ORM cost
+# more than the rest of an append.
 _COLUMNS = [field.attname for field in Stream._meta.concrete_fields]
-_LOOKUP_SQL = f"SELECT {', '.join(_COLUMNS)} FROM pgstreams_stream WHERE path = %s"  # constants only
+_EXPIRED = (
+    "(deleted_at IS NULL AND (expires_at <= clock_timestamp()"
+    " OR used_at + make_interval(secs => ttl) <= clock_timestamp()))"
+)
+_LOOKUP_SQL = f"SELECT {', '.join(_COLUMNS)}, coalesce({_EXPIRED}, false) FROM pgstreams_stream WHERE path = %s"
 
 
-def _lookup(alias: str, path: str, *, lock: bool = False) -> Stream | None:
-    """The stream at ``path``, tombstones included; one whose expiry has passed is removed first
-    (leaving a tombstone if it has forks)."""
-    stream = _select(alias, path, lock)
-    if stream is not None and stream.deleted_at is None and stream.expired(timezone.now()):
-        _remove_if_expired(alias, stream.id)
-        return _select(alias, path, lock)
+def _lookup(request: Any, action: Action, alias: str, path: str, *, lock: bool = False) -> Stream | None:
+    """The stream at ``path`` (tombstones included), once DURABLE_AUTHORIZE lets the request
+    ``action`` it: the rule is asked before anything about the path is told, and before any
+    lock is taken (about None for a stream that is missing, deleted or expired). With ``lock``
+    the stream's row is then locked, waiting at most LOCK_WAIT (``Busy`` after), and the rule
+    asked again if the row changed meanwhile. An expired stream the request may act on is
+    removed then (a tombstone stays if it has forks) and counts as none; a refused request
+    removes nothing."""
+    stream, expired = _select(alias, path, lock=False)
+    authorize(request, action, path, None if expired else _visible(stream))
+    if lock:
+        locked, expired = _select(alias, path, lock=True)
+        if _changed(stream, locked):
+            authorize(request, action, path, None if expired else _visible(locked))
+        stream = locked
+    if stream is not None and expired and _remove_if_expired(alias, stream.id):
+        stream, _ = _select(alias, path, lock=lock)
     return stream
 
 
-def _select(alias: str, path: str, lock: bool) -> Stream | None:
+def _changed(before: Stream | None, after: Stream | None) -> bool:
+    if before is None or after is None:
+        return before is not after
+    return (before.id, before.owner_id, before.deleted_at) != (after.id, after.owner_id, after.deleted_at)
+
+
+def _select(alias: str, path: str, *, lock: bool) -> tuple[Stream | None, bool]:
     with prepared_cursor(alias) as cursor:
-        cursor.execute(_LOOKUP_SQL + (" FOR NO KEY UPDATE" if lock else ""), [path])
+        if lock:  # for this transaction only (set_config's third argument)
+            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{int(LOCK_WAIT * 1000)}ms"])
+        try:
+            cursor.execute(_LOOKUP_SQL + (" FOR NO KEY UPDATE" if lock else ""), [path])
+        except OperationalError as exc:
+            if getattr(exc.__cause__, "sqlstate", None) == "55P03":  # lock_not_available
+                raise Busy(path) from None
+            raise
         row = cursor.fetchone()
-    return None if row is None else Stream.from_db(alias, _COLUMNS, row)
+    if row is None:
+        return None, False
+    return Stream.from_db(alias, _COLUMNS, row[:-1]), row[-1]
 
 
 def _remove_if_expired(alias: str, stream_id: uuid.UUID) -> bool:
     """Remove the stream if its expiry has passed, checked under its row lock; a stream whose row
     another transaction holds is being used, and stays."""
-    with transaction.atomic(using=alias):
-        locked = Stream.objects.using(alias).select_for_update(no_key=True, skip_locked=True)
-        stream = locked.filter(pk=stream_id).first()
-        if stream is None or stream.deleted_at is not None or not stream.expired(timezone.now()):
+    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        cursor.execute(
+            f"SELECT 1 FROM pgstreams_stream WHERE id = %s AND {_EXPIRED} FOR NO KEY UPDATE SKIP LOCKED",  # constants
+            [stream_id],
+        )
+        if cursor.fetchone() is None:
             return False
-        _remove(alias, stream)
+        _remove(alias, Stream.objects.using(alias).get(pk=stream_id))
         return True
 
 
-def _existing(request: Any, action: Action, path: str, stream: Stream | None) -> Stream:
-    """``stream`` if the request may ``action`` it; asked first, so that a refused request learns
-    nothing of the path (a missing stream or a tombstone is asked about as None)."""
-    authorize(request, action, path, _visible(stream))
+def _existing(path: str, stream: Stream | None) -> Stream:
+    """``stream``, or 404 (none) or 410 (a tombstone)."""
     if stream is None:
         raise Refused(404, f"no stream at {path!r}")
     if stream.deleted_at is not None:
@@ -191,16 +248,16 @@ def _remove(alias: str, stream: Stream) -> None:
             )
 
 
-# Streams whose expiry has passed, at the time given.
-EXPIRED_WHERE = "deleted_at IS NULL AND (expires_at <= %(now)s OR used_at + make_interval(secs => ttl) <= %(now)s)"
+# Streams whose expiry has passed, by the database's clock.
+EXPIRED_WHERE = _EXPIRED
 
 
 def remove_expired(alias: str, limit: int) -> int:
     """Remove up to ``limit`` streams whose expiry has passed, as a request to them would (one
     that has forks leaves a tombstone); return how many went."""
     with connections[alias].cursor() as cursor:
-        query = f"SELECT id FROM pgstreams_stream WHERE {EXPIRED_WHERE} LIMIT %(limit)s"  # a constant
-        cursor.execute(query, {"now": timezone.now(), "limit": limit})
+        query = f"SELECT id FROM pgstreams_stream WHERE {EXPIRED_WHERE} LIMIT %s"  # a constant
+        cursor.execute(query, [limit])
         candidates = [stream_id for (stream_id,) in cursor.fetchall()]
     return sum(_remove_if_expired(alias, stream_id) for stream_id in candidates)
 
@@ -225,14 +282,14 @@ def remove_orphan_tombstones(alias: str) -> int:
 
 def head(request: Any, path: str) -> State:
     """HEAD: the stream's state (a HEAD does not count as use for its TTL)."""
-    return State.of(_existing(request, "read", path, _lookup(conf.database(), path)))
+    return State.of(_existing(path, _lookup(request, "read", conf.database(), path)))
 
 
 def read(request: Any, path: str, offset: str) -> Read:
     """GET: the chunks from ``offset`` (``-1``, ``now`` or one this server gave), as many as one
     response holds, up to the stream's tail when the read began."""
     alias = conf.database()
-    stream = _existing(request, "read", path, _lookup(alias, path))
+    stream = _existing(path, _lookup(request, "read", alias, path))
     if stream.ttl is not None:
         _use(alias, stream)
     state = State.of(stream)
@@ -252,7 +309,7 @@ def _use(alias: str, stream: Stream) -> None:
     written, which counts as use already: the read does not wait for it."""
     with connections[alias].cursor() as cursor:
         cursor.execute(
-            "UPDATE pgstreams_stream SET used_at = now() WHERE id = ("
+            "UPDATE pgstreams_stream SET used_at = clock_timestamp() WHERE id = ("
             "SELECT id FROM pgstreams_stream WHERE id = %s FOR NO KEY UPDATE SKIP LOCKED)",
             [stream.id],
         )
@@ -296,7 +353,7 @@ def delete(request: Any, path: str) -> None:
     """DELETE: remove the stream, or leave a tombstone while forks of it remain."""
     alias = conf.database()
     with transaction.atomic(using=alias):
-        _remove(alias, _existing(request, "delete", path, _lookup(alias, path, lock=True)))
+        _remove(alias, _existing(path, _lookup(request, "delete", alias, path, lock=True)))
 
 
 def create(request: Any, path: str, wanted: Wanted, body: bytes) -> tuple[State, bool]:
@@ -322,8 +379,7 @@ def _create(request: Any, alias: str, path: str, wanted: Wanted, body: bytes) ->
     )
     source = None
     if fork is not None:
-        source = _lookup(alias, fork.source, lock=True)
-        authorize(request, "read", fork.source, _visible(source))
+        source = _lookup(request, "read", alias, fork.source, lock=True)
         if source is None:
             raise Refused(404, f"no stream at {fork.source!r} to fork")
         if source.deleted_at is not None:
@@ -336,8 +392,7 @@ def _create(request: Any, alias: str, path: str, wanted: Wanted, body: bytes) ->
             ttl, expires_at = source.ttl, source.expires_at
     content_type = content_type or wire.DEFAULT_CONTENT_TYPE
 
-    existing = _lookup(alias, path, lock=True)
-    authorize(request, "create", path, _visible(existing))
+    existing = _lookup(request, "create", alias, path, lock=True)
     if existing is not None:
         if existing.deleted_at is not None:
             raise Refused(409, f"the stream at {path!r} was deleted while forks of it remain; its path stays taken")
@@ -359,7 +414,7 @@ def _create(request: Any, alias: str, path: str, wanted: Wanted, body: bytes) ->
         content_type=content_type,
         ttl=ttl,
         expires_at=expires_at,
-        used_at=timezone.now(),
+        used_at=Now(),  # the database's clock, which judges expiry
         owner=user if user is not None and user.is_authenticated else None,
     )
     items: list[str | bytes] = []
@@ -448,7 +503,7 @@ def _body_chunks(stream: Stream, body: bytes, *, appending: bool) -> list[str | 
 # A request's chunks and the stream row's move, in one statement.
 _APPEND_SQL = """
 WITH moved AS (
-    UPDATE pgstreams_stream SET next_offset = %(end)s, writer_seq = %(seq)s, used_at = now(),
+    UPDATE pgstreams_stream SET next_offset = %(end)s, writer_seq = %(seq)s, used_at = clock_timestamp(),
         closed_at = CASE WHEN %(closing)s THEN coalesce(closed_at, now()) ELSE closed_at END
     WHERE id = %(id)s RETURNING closed_at
 ), written AS (
@@ -499,7 +554,7 @@ def append(
     alias = conf.database()
     with transaction.atomic(using=alias):
         stream = _existing(
-            request, "close" if closing and not body else "append", path, _lookup(alias, path, lock=True)
+            path, _lookup(request, "close" if closing and not body else "append", alias, path, lock=True)
         )
         if closing and body:
             authorize(request, "close", path, stream)  # an append that closes needs both

@@ -9,10 +9,12 @@ a project that serves other origins adds one (django-cors-headers), as for any o
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from django.conf import settings
@@ -22,7 +24,7 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 
-from .. import conf, metrics, threads
+from .. import conf, db, metrics, threads
 from ..exceptions import ChunksPruned, ReadTimeout, StreamNotFound
 from ..reader import afollow
 from . import store, wire
@@ -49,11 +51,14 @@ _RESPONSE_HEADERS = (
     "ETag, Location"
 )
 _METHODS = "GET, HEAD, PUT, POST, DELETE, OPTIONS"
+T = TypeVar("T")
 _CACHEABLE = "private, max-age=60, stale-while-revalidate=300"
 
-_create = threads.durable.wrap(store.create)
-_append = threads.durable.wrap(store.append)
-_delete = threads.durable.wrap(store.delete)
+# Writes may wait on a stream's row lock: on threads of their own, so that reads never wait for a
+# thread behind them, and for a short while only (``_write``).
+_create = threads.durable_writes.wrap(store.create)
+_append = threads.durable_writes.wrap(store.append)
+_delete = threads.durable_writes.wrap(store.delete)
 _head = threads.durable.wrap(store.head)
 _read = threads.durable.wrap(store.read)
 _csrf_check = threads.durable.wrap(CsrfViewMiddleware(lambda r: HttpResponse()).process_view)
@@ -77,13 +82,28 @@ async def stream(request: HttpRequest, path: str) -> HttpResponseBase:
     return _secured(response)
 
 
+async def _write(call: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+    """A write, tried again while another transaction holds its stream's row (``store.Busy``),
+    with no thread held between tries, until QUERY_TIMEOUT has passed (then 503)."""
+    deadline = time.monotonic() + conf.query_timeout()
+    backoff = db.Backoff(first=0.02, cap=0.25)
+    while True:
+        try:
+            return await call(*args, **kwargs)
+        except store.Busy:
+            pause = backoff.next()
+            if time.monotonic() + pause >= deadline:
+                raise
+            await asyncio.sleep(pause)
+
+
 async def _handle(request: HttpRequest, name: str) -> HttpResponseBase:
     if request.method == "PUT":
         return await _put(request, name)
     if request.method == "POST":
         return await _post(request, name)
     if request.method == "DELETE":
-        await _delete(request, name)
+        await _write(_delete, request, name)
         return _empty(204)
     if request.method == "HEAD":
         response = _empty(200)
@@ -208,7 +228,7 @@ async def _put(request: HttpRequest, name: str) -> HttpResponse:
         closed=wire.flag(request.headers.get("Stream-Closed")),
         fork=_fork(request),
     )
-    state, created = await _create(request, name, wanted, _body(request))
+    state, created = await _write(_create, request, name, wanted, _body(request))
     response = _empty(201 if created else 200)
     _describe(response, state)
     if created:
@@ -225,7 +245,8 @@ async def _post(request: HttpRequest, name: str) -> HttpResponse:
         raise Refused(400, "an append needs a body (or Stream-Closed: true to close the stream)")
     if body and not content_type:
         raise Refused(400, "an append needs the stream's Content-Type")
-    appended = await _append(
+    appended = await _write(
+        _append,
         request,
         name,
         body,
