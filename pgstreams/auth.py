@@ -36,7 +36,8 @@ def default_durable_authorize(request: Any, action: str, path: str, stream: Stre
     """At the Durable Streams endpoint: reading (GET, HEAD, and the source of a fork) as
     ``AUTHORIZE`` says; creating, appending, closing and deleting never, until a project's own
     rule allows them."""
-    return action == "read" and stream is not None and conf.authorize()(request.user, stream)
+    user = getattr(request, "user", None)  # None in a project without AuthenticationMiddleware
+    return action == "read" and stream is not None and conf.authorize()(user, stream)
 
 
 def _readable_stream(user: Any, stream_id: uuid.UUID) -> Stream:

@@ -15,9 +15,11 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import psycopg
 import pytest
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db import connection, transaction
@@ -452,3 +454,84 @@ async def test_the_readmes_rule_and_a_rule_that_raises_tell_no_one_which_paths_e
         await owner.aforce_login(alice)
         created = await owner.put(url(f"users/{alice.pk}/todo"), "x", content_type="text/plain")
         assert created.status_code == 201
+
+
+def shortcut(scheme: str = "http") -> httpx.AsyncClient:
+    """A client of DurableStreamsFirst around a Django application, both made now, under the
+    settings of the moment."""
+    from django.core.asgi import get_asgi_application
+
+    from pgstreams.durable.asgi import DurableStreamsFirst
+
+    transport = httpx.ASGITransport(app=DurableStreamsFirst(get_asgi_application()))
+    return httpx.AsyncClient(transport=transport, base_url=f"{scheme}://127.0.0.1")
+
+
+async def test_the_shortcut_checks_the_host_and_applies_the_security_middleware() -> None:
+    s = await pgstreams.acreate_stream(path="shortcut/host")
+    await pgstreams.awrite(s.id, "the data")
+    await pgstreams.aclose(s.id)
+    async with shortcut() as client:
+        rebinding = {"Host": "attacker.example"}
+        answers = [
+            await client.get(url("shortcut/host"), headers=rebinding),
+            await client.head(url("shortcut/host"), headers=rebinding),
+            await client.get(url("shortcut/host"), params={"offset": "-1", "live": "sse"}, headers=rebinding),
+        ]
+        assert [a.status_code for a in answers] == [400, 400, 400]
+        assert not any(b"the data" in a.content for a in answers)
+        assert (await client.get(url("shortcut/host"))).content == b"the data"
+    with override_settings(SECURE_SSL_REDIRECT=True, SECURE_HSTS_SECONDS=3600):
+        async with shortcut() as client:
+            plain = await client.get(url("shortcut/host"))
+            assert plain.status_code == 301 and plain.headers["Location"].startswith("https://")
+        async with shortcut("https") as secure:
+            answer = await secure.get(url("shortcut/host"))
+            assert answer.status_code == 200 and answer.headers["Strict-Transport-Security"] == "max-age=3600"
+
+
+async def test_the_shortcut_sends_anonymous_readers_to_log_in_where_the_site_requires_it() -> None:
+    await pgstreams.acreate_stream(path="shortcut/anyones")
+    user = await sync_to_async(get_user_model().objects.create_user)("reader", password="pw")
+    login_required = [*settings.MIDDLEWARE, "django.contrib.auth.middleware.LoginRequiredMiddleware"]
+    with override_settings(MIDDLEWARE=login_required):
+        async with shortcut() as client:
+            anonymous = await client.get(url("shortcut/anyones"))
+            assert anonymous.status_code == 302 and "/accounts/login/" in anonymous.headers["Location"]
+            signed_in = Client()
+            await sync_to_async(signed_in.force_login)(user)
+            client.cookies.set(settings.SESSION_COOKIE_NAME, signed_in.cookies[settings.SESSION_COOKIE_NAME].value)
+            assert (await client.get(url("shortcut/anyones"))).status_code == 200
+
+
+class HeaderToken:
+    """A project's own authentication: ``X-Token: <username>`` signs that user in."""
+
+    def __init__(self, get_response) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request):
+        name = request.headers.get("X-Token")
+        if name:
+            request.user = get_user_model().objects.get(username=name)
+        return self.get_response(request)
+
+
+async def test_the_shortcut_hands_the_endpoint_to_django_when_it_cannot_stand_in_for_a_middleware() -> None:
+    """A middleware it does not know (here a token authentication) runs: the endpoint's
+    requests go through Django instead of being answered without it."""
+    owner = await sync_to_async(get_user_model().objects.create_user)("token-owner", password="pw")
+    await pgstreams.acreate_stream(path="shortcut/token", owner=owner)
+    with override_settings(MIDDLEWARE=[*settings.MIDDLEWARE, "tests.test_durable.HeaderToken"]):
+        async with shortcut() as client:
+            assert (await client.get(url("shortcut/token"))).status_code == 403
+            assert (await client.get(url("shortcut/token"), headers={"X-Token": "token-owner"})).status_code == 200
+
+
+async def test_the_shortcut_serves_a_project_without_sessions_or_users() -> None:
+    await pgstreams.acreate_stream(path="shortcut/bare")
+    without = [app for app in settings.INSTALLED_APPS if app != "django.contrib.sessions"]
+    with override_settings(INSTALLED_APPS=without, MIDDLEWARE=["django.middleware.security.SecurityMiddleware"]):
+        async with shortcut() as client:
+            answer = await client.get(url("shortcut/bare"))
+    assert answer.status_code == 200
