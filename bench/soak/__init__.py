@@ -1,10 +1,11 @@
 """``manage.py pgstreams_soak``: every kind of writer and reader at once, in several processes,
 under a randomized schedule of faults, then every stream checked against the table.
 
-- ``run``: the coordinator. Makes a database of its own, starts the processes and the proxies,
-  keeps a set of streams open (each closed after a while, some over HTTP), injects the faults the
-  seed draws, settles, and has the record checked.
-- ``faults``: the fault kinds and how each is injected.
+- ``run``: the coordinator. Makes a database of its own and the proxies, keeps a set of streams
+  open (each closed after a while, some over HTTP), injects the faults the seed draws, settles,
+  and has the record checked.
+- ``processes``: which processes run, with which settings, and their supervision.
+- ``faults``: the fault kinds, how each is injected, and the schedule.
 - ``writers``, ``readers``, ``clients``: the worker processes (Python writers; ``read``/``aread``
   readers; WebSocket, SSE and Durable Streams clients and HTTP writers).
 - ``record``: what every process writes down (one JSON line per event, flushed as it happens, so a

@@ -1,10 +1,11 @@
-"""The soak's faults: what each kind does, and the schedule the seed draws.
+"""The soak's faults: what each kind does (``Injections``), and the schedule the seed draws.
 
-Each kind is a function of the run (``Target``: the processes, proxies, database server and
-standby the coordinator holds) and a random generator; it returns what it did, or raises
-``NotInjected`` when there was nothing to do it to (no backend of that role at that moment, no
-standby on this machine). The schedule is drawn from the seed alone, so a run replays with the
-same faults at the same moments; what each fault meets there still depends on timing.
+Each kind is a method of ``Injections``, given a random generator of its own; it returns what it
+did, or raises ``NotInjected`` when there was nothing to do it to (no backend of that role at
+that moment, no standby on this machine). The schedule is drawn from the seed alone, so a run
+replays with the same faults at the same moments; what each fault meets there still depends on
+timing. Faults run in threads of their own and overlap; a kind never overlaps itself, and a
+server restart excludes the kinds that query the server meanwhile.
 """
 
 from __future__ import annotations
@@ -15,43 +16,147 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
+
+import psycopg
+
+from bench import pgserver
+from bench.proxy import FreezingProxy
+
+from .processes import QUERY_TIMEOUT, Processes
+from .record import LABEL, Log
 
 ROLES = ("listener", "fetcher", "flusher", "appender")
+FROZEN_FOR = 3 * QUERY_TIMEOUT  # a frozen connection is dropped after this (its client gave up on it)
+PRUNE_MARGIN = "5 seconds"  # only streams closed longer ago are pruned: none is still being closed
 
 
 class NotInjected(Exception):
     """The fault found nothing to act on; it is not counted."""
 
 
-class Target(Protocol):
-    """What faults act on: the coordinator (run.py)."""
+class Injections:
+    """The faults, on what the coordinator holds: the processes, the database (``entry``) and
+    its server, the freezing proxy, the client proxies, the standby (or why there is none)."""
 
-    def kill(self, roles: tuple[str, ...], rng: random.Random) -> str: ...
-    def terminate_backend(self, role: str, rng: random.Random) -> str: ...
-    def freeze(self) -> str: ...
-    def restart_server(self, rng: random.Random) -> str: ...
-    def prune(self, rng: random.Random) -> str: ...
-    def cut_clients(self, rng: random.Random) -> str: ...
-    def pause_standby(self, rng: random.Random) -> str: ...
-    def available(self, kind: str) -> bool: ...
+    def __init__(
+        self,
+        processes: Processes,
+        entry: dict[str, Any],
+        db_proxy: FreezingProxy,
+        client_proxies: list[FreezingProxy],
+        standby: pgserver.Standby | None,
+        no_standby: str,
+        log: Log,
+    ) -> None:
+        self.processes, self.entry, self.db_proxy, self.client_proxies = processes, entry, db_proxy, client_proxies
+        self.server = pgserver.ServerControl(entry)
+        self.standby, self.no_standby, self.log = standby, no_standby, log
+        self.server_lock = threading.Lock()
+
+    def unavailable(self, kind: str) -> str:
+        """Why this machine cannot inject ``kind`` ("" if it can)."""
+        return {"restart-server": self.server.why_not, "pause-standby": self.no_standby}.get(kind, "")
+
+    def _db(self) -> psycopg.Connection[Any]:
+        return pgserver.connect(self.entry, connect_timeout=3)
+
+    def kill(self, roles: tuple[str, ...], rng: random.Random) -> str:
+        alive = [s for s in self.processes.of(*roles) if s.alive() and not s.finished]
+        if not alive:
+            raise NotInjected("no such process alive")
+        slot = rng.choice(alive)
+        slot.kill(restart_in=rng.uniform(0.2, 1.5))
+        return f"SIGKILL {slot.name}-{slot.incarnation}"
+
+    def terminate_backend(self, role: str, rng: random.Random) -> str:
+        with self.server_lock, self._db() as conn:
+            found = conn.execute(
+                "SELECT pid, application_name FROM pg_stat_activity"
+                " WHERE datname = current_database() AND application_name LIKE %s",
+                [f"pgstreams {role} %"],
+            ).fetchall()
+            if not found:
+                raise NotInjected(f"no {role} connection")
+            pid, name = rng.choice(found)
+            conn.execute("SELECT pg_terminate_backend(%s)", [pid])
+        return f"terminated {name}"
+
+    def freeze(self, rng: random.Random) -> str:
+        frozen = self.db_proxy.freeze()
+        if not frozen:
+            raise NotInjected("no connection through the proxy")
+        return f"froze {frozen} connection(s)"
+
+    def restart_server(self, rng: random.Random) -> str:
+        if self.server.why_not:
+            raise NotInjected(self.server.why_not)
+        down = rng.uniform(0.1, 1.0)
+        with self.server_lock:
+            self.server.stop()
+            time.sleep(down)
+            self.server.start()
+        return f"down {down:.2f} s"
+
+    def prune(self, rng: random.Random) -> str:
+        """Copy the streams closed a while ago into the record, then prune them (in batches
+        small enough, now and then, that a stream goes in slices under its readers)."""
+        from django.db import connections
+
+        from pgstreams import maintenance
+
+        with self.server_lock, self._db() as conn:
+            cutoff = conn.execute(f"SELECT now() - interval '{PRUNE_MARGIN}'").fetchone()[0]
+            doomed = conn.execute(
+                "SELECT id, path FROM pgstreams_stream WHERE label = %s AND closed_at < %s AND deleted_at IS NULL",
+                [LABEL, cutoff],
+            ).fetchall()
+            if not doomed:
+                raise NotInjected("no stream closed long enough ago")
+            for sid, path in doomed:
+                rows = conn.execute(
+                    'SELECT "offset", data FROM pgstreams_chunk WHERE stream_id = %s ORDER BY "offset"', [sid]
+                ).fetchall()
+                self.log(e="pruning", s=path, chunks=rows)
+        batch = rng.choice((25, 200, 10_000))
+        try:
+            done = maintenance.prune(cutoff, batch=batch, using="soak")
+        finally:
+            connections.close_all()
+        if done.streams != len(doomed):
+            self.log(e="prune-race", copied=len(doomed), pruned=done.streams)
+        return f"{done.streams} stream(s), {done.chunks} chunk(s), batch {batch}"
+
+    def cut_clients(self, rng: random.Random) -> str:
+        cut = rng.choice(self.client_proxies).cut()
+        if not cut:
+            raise NotInjected("no client connection")
+        return f"cut {cut} client connection(s)"
+
+    def pause_standby(self, rng: random.Random) -> str:
+        if self.standby is None:
+            raise NotInjected(self.no_standby)
+        seconds = rng.uniform(0.3, 3.0)
+        with self.server_lock, self.standby.replay_paused():
+            time.sleep(seconds)
+        return f"replay paused {seconds:.2f} s"
 
 
-def _terminate(role: str) -> Callable[[Target, random.Random], str]:
-    return lambda target, rng: target.terminate_backend(role, rng)
+def _terminate(role: str) -> Callable[[Injections, random.Random], str]:
+    return lambda faults, rng: faults.terminate_backend(role, rng)
 
 
 # kind: (weight, injection)
-KINDS: dict[str, tuple[float, Callable[[Target, random.Random], str]]] = {
-    "kill-writer": (2.0, lambda t, rng: t.kill(("writer",), rng)),
-    "kill-reader": (2.0, lambda t, rng: t.kill(("reader", "clients"), rng)),
-    "kill-daphne": (1.5, lambda t, rng: t.kill(("daphne",), rng)),
+KINDS: dict[str, tuple[float, Callable[[Injections, random.Random], str]]] = {
+    "kill-writer": (2.0, lambda f, rng: f.kill(("writer",), rng)),
+    "kill-reader": (2.0, lambda f, rng: f.kill(("reader", "clients"), rng)),
+    "kill-daphne": (1.5, lambda f, rng: f.kill(("daphne",), rng)),
     **{f"terminate-{role}": (1.0, _terminate(role)) for role in ROLES},
-    "freeze": (1.5, lambda t, rng: t.freeze()),
-    "restart-server": (0.7, lambda t, rng: t.restart_server(rng)),
-    "prune": (1.0, lambda t, rng: t.prune(rng)),
-    "cut-clients": (2.0, lambda t, rng: t.cut_clients(rng)),
-    "pause-standby": (1.0, lambda t, rng: t.pause_standby(rng)),
+    "freeze": (1.5, Injections.freeze),
+    "restart-server": (0.7, Injections.restart_server),
+    "prune": (1.0, Injections.prune),
+    "cut-clients": (2.0, Injections.cut_clients),
+    "pause-standby": (1.0, Injections.pause_standby),
 }
 
 
@@ -84,10 +189,11 @@ class Tally:
 
 class Injector:
     """Runs a schedule: each fault in a thread of its own at its moment, so that faults overlap
-    (a kind does not overlap itself: a fault whose kind is still running is skipped)."""
+    (a kind does not overlap itself: a fault whose kind is still running is skipped). Drops the
+    connections frozen long enough ago, as their clients have given up on them."""
 
-    def __init__(self, target: Target, faults: list[Fault], say: Callable[[str], None], log: Any) -> None:
-        self.target, self.faults, self.say, self.log = target, faults, say, log
+    def __init__(self, injections: Injections, faults: list[Fault], log: Log) -> None:
+        self.injections, self.faults, self.log = injections, faults, log
         self.tally = Tally()
         self._running: set[str] = set()
         self._lock = threading.Lock()
@@ -98,6 +204,7 @@ class Injector:
         for fault in self.faults:
             if self._stop.wait(max(0.0, started + fault.at - time.monotonic())):
                 break
+            self.injections.db_proxy.drop_frozen(FROZEN_FOR)
             with self._lock:
                 if fault.kind in self._running:
                     self.tally.skipped[fault.kind] += 1
@@ -108,14 +215,15 @@ class Injector:
             thread.start()
 
     def stop(self) -> None:
-        """Start no more faults; wait for those running to end."""
+        """Start no more faults; wait for those running to end; drop every frozen connection."""
         self._stop.set()
         for thread in self._threads:
             thread.join(120)
+        self.injections.db_proxy.drop_frozen(0)
 
     def _inject(self, fault: Fault) -> None:
         try:
-            done = KINDS[fault.kind][1](self.target, random.Random(fault.seed))
+            done = KINDS[fault.kind][1](self.injections, random.Random(fault.seed))
         except NotInjected as exc:
             with self._lock:
                 self.tally.skipped[fault.kind] += 1

@@ -1,21 +1,16 @@
-"""The soak's coordinator: a database of its own, the processes and proxies, the streams, the
-faults, the settling, and the verdict.
+"""The soak's coordinator: a database of its own, the streams, the schedule of faults, the
+settling, and the verdict.
 
-Layout of a run (every process on this machine, on loopback):
-
-- a database made for the run (``pgstreams_soak_<pid>``) on the server ``DATABASES['default']``
-  names, dropped afterwards: pruning and restarts touch nothing of anyone else's;
-- a freezing proxy in front of it, which the first writer and reader processes' own pgstreams
-  connections (appender, flusher, listener, fetcher) go through; a hot standby of the server,
-  which the second reader process reads from (where this machine has the binaries for one);
-- two daphne processes of the demo project (Durable Streams endpoint open), each behind a
-  proxy that can cut its clients' sockets; the client process connects only through those;
-- ``WRITERS`` writer, ``READERS`` reader and one client process; a killed one is started again
-  (its next incarnation), a crashed one too, and the crash is an anomaly.
+A run makes a database (``pgstreams_soak_<pid>``) on the server ``DATABASES['default']`` names,
+and drops it afterwards: pruning and restarts touch nothing of anyone else's. In front of it, a
+freezing proxy; beside it, a hot standby where this machine has the binaries for one; in front of
+each daphne process, a proxy that can cut its clients' sockets (the client process connects only
+through those). The processes are ``processes``'s; the faults ``faults``'s.
 
 The coordinator keeps ``STREAMS`` streams open, each for a few seconds to half a minute, then
-closes it (now and then with a last append over HTTP). After the faults come the settling:
+closes it (now and then with a last append over HTTP). After the faults comes the settling:
 writers stop, every stream is closed, readers must end their sessions within ``SETTLE`` seconds.
+Then every stream is checked against the table (``check``).
 """
 
 from __future__ import annotations
@@ -26,9 +21,7 @@ import logging
 import os
 import random
 import shutil
-import signal
-import subprocess
-import sys
+import socket
 import tempfile
 import threading
 import time
@@ -39,29 +32,20 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psycopg
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 from bench import pgserver
 from bench.proxy import FreezingProxy, database_via, proxy_for
 from pgstreams.durable import wire
 
-from . import check, faults
-from .faults import NotInjected
+from . import check, faults, processes
+from .clients import PLAIN_WRITERS, PRODUCER_WRITERS
 from .record import CONTENT_TYPE, LABEL, PHASE_FILE, Log
 
-ROOT = Path(__file__).resolve().parent.parent.parent
-WRITERS, READERS, CLIENTS, DAPHNES = 2, 2, 1, 2
 STREAMS = 12
 LIFETIME = (4.0, 30.0)  # seconds a stream stays open
 FAULT_EVERY = 2.2  # seconds between faults, on average
 SETTLE = 120.0
-QUERY_TIMEOUT = 2.0
-FROZEN_FOR = 3 * QUERY_TIMEOUT  # a frozen connection is dropped after this (its client gave up on it)
-PRUNE_MARGIN = "5 seconds"  # only streams closed longer ago are pruned: none is still being closed
-# The settings of every soak process: failures noticed within seconds, polls often.
-PGSTREAMS = {"QUERY_TIMEOUT": QUERY_TIMEOUT, "LISTEN_CHECK_INTERVAL": 2.0, "POLL_INTERVAL": 0.5, "CONNECT_TIMEOUT": 2}
 
 
 @dataclass
@@ -88,42 +72,6 @@ class Outcome:
         return sum(self.verdict.anomalies.values()) + len(self.crashes) + len(self.stuck)
 
 
-class Slot:
-    """A worker or server process and its incarnations."""
-
-    def __init__(self, role: str, index: int, command: Callable[[int], list[str]], env: dict[str, str], logs: Path):
-        self.role, self.index, self.command, self.env, self.logs = role, index, command, env, logs
-        self.incarnation = -1
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.restart_at: float | None = None  # when a killed process starts again
-        self.finished = False
-        self.lock = threading.Lock()
-
-    @property
-    def name(self) -> str:
-        return f"{self.role}{self.index}"
-
-    def start(self) -> None:
-        self.incarnation += 1
-        err = open(self.logs / f"{self.name}-{self.incarnation}.err", "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen(self.command(self.incarnation), cwd=ROOT, env=self.env, stdout=err, stderr=err)
-        err.close()
-        self.restart_at = None
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill(self, restart_in: float) -> None:
-        with self.lock:
-            if self.alive():
-                self.restart_at = time.monotonic() + restart_in
-                self.proc.kill()
-
-    def stderr_tail(self) -> str:
-        path = self.logs / f"{self.name}-{self.incarnation}.err"
-        return path.read_text(errors="replace")[-1500:] if path.exists() else ""
-
-
 class Soak:
     """One run (see the module docstring); ``run()`` returns its outcome."""
 
@@ -133,15 +81,17 @@ class Soak:
         (self.run_dir / "proc").mkdir()
         self.log = Log(self.run_dir, "coordinator")
         self.rng = random.Random(f"{config.seed}/coordinator")
-        self.slots: list[Slot] = []
-        self.crashes: list[str] = []
         self.stop = threading.Event()
-        self.server_lock = threading.Lock()  # a restart excludes the faults that query the server
         self.open: dict[str, tuple[uuid.UUID, float]] = {}  # path -> (id, when to close it)
-        self.created = 0
-        self.closes = 0
+        self.created = self.closes = 0
+        self.name = f"pgstreams_soak_{os.getpid()}"
         self.standby: pgserver.Standby | None = None
-        self.client_proxies: list[FreezingProxy] = []
+        self.proxies: list[FreezingProxy] = []
+        self.processes: processes.Processes | None = None
+
+    @property
+    def settling(self) -> bool:
+        return (self.run_dir / PHASE_FILE).read_text().strip() == "settle"
 
     # -- the database --------------------------------------------------------------------------
 
@@ -152,7 +102,6 @@ class Soak:
 
         base = connections["default"]
         base.ensure_connection()  # the embedded backend fills HOST and PORT in when it connects
-        self.name = f"pgstreams_soak_{os.getpid()}"
         with pgserver.connect(base.settings_dict) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self.name)))
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.name)))
@@ -167,84 +116,6 @@ class Soak:
         connections["soak"].close()
         with pgserver.connect(connections["default"].settings_dict) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self.name)))
-
-    def db(self) -> psycopg.Connection[Any]:
-        return pgserver.connect(self.entry, connect_timeout=3)
-
-    @staticmethod
-    def url(entry: dict[str, Any]) -> str:
-        return make_conninfo(
-            dbname=entry["NAME"],
-            user=entry.get("USER") or None,
-            password=entry.get("PASSWORD") or None,
-            host=entry.get("HOST") or None,
-            port=str(entry.get("PORT") or "") or None,
-        )
-
-    # -- processes -----------------------------------------------------------------------------
-
-    def _slots(self, db_proxy: FreezingProxy) -> None:
-        via = self.url(database_via(db_proxy, self.entry))
-        base_env = {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "bench.soak.settings",
-            "DATABASE_URL": self.url(self.entry),
-            "DEMO_OPEN_DURABLE_STREAMS": "1",
-            "PYTHONUNBUFFERED": "1",
-        }
-
-        def env(pgstreams: dict[str, Any], databases: dict[str, str]) -> dict[str, str]:
-            return {
-                **base_env,
-                "SOAK_PGSTREAMS": json.dumps({**PGSTREAMS, **pgstreams}),
-                "SOAK_DATABASES": json.dumps(databases),
-            }
-
-        proxied = env({"DATABASE": "via"}, {"via": via})
-        plain = env({}, {})
-        logs = self.run_dir / "proc"
-        for i in range(DAPHNES):
-            port = self.daphne_ports[i]
-            command = [sys.executable, "-m", "daphne", "-v", "0", "-b", "127.0.0.1", "-p", str(port)]
-            self.slots.append(
-                Slot("daphne", i, lambda _, c=command: [*c, "demo_project.asgi:application"], plain, logs)
-            )
-
-        def worker(module: str, index: int) -> Callable[[int], list[str]]:
-            return lambda inc: [
-                sys.executable,
-                *("-m", "bench.soak.worker", module, str(index), str(inc), str(self.run_dir), str(self.config.seed)),
-            ]
-
-        for i in range(WRITERS):
-            self.slots.append(Slot("writer", i, worker("writers", i), proxied if i == 0 else plain, logs))
-        for i in range(READERS):
-            if i == 0:
-                reader_env = proxied
-            elif self.standby is not None:
-                reader_env = env({"READ_DATABASE": "standby"}, {"standby": self.url(self.standby.database())})
-            else:
-                reader_env = plain
-            self.slots.append(Slot("reader", i, worker("readers", i), reader_env, logs))
-        for i in range(CLIENTS):
-            self.slots.append(Slot("clients", i, worker("clients", i), plain, logs))
-
-    def _supervise(self) -> None:
-        """Start again what was killed, once its moment comes; note and restart what crashed."""
-        while not self.stop.wait(0.1):
-            for slot in self.slots:
-                with slot.lock:
-                    if slot.finished or slot.alive() or slot.proc is None:
-                        continue
-                    if slot.restart_at is None:  # it left by itself
-                        code = slot.proc.returncode
-                        if code == 0 and self.settling and slot.role != "daphne":
-                            slot.finished = True
-                            continue
-                        self.crashes.append(f"{slot.name}-{slot.incarnation} exited {code}: {slot.stderr_tail()}")
-                        slot.restart_at = time.monotonic() + 1.0
-                    if time.monotonic() >= slot.restart_at:
-                        slot.start()
 
     # -- streams ---------------------------------------------------------------------------------
 
@@ -297,124 +168,27 @@ class Soak:
 
     def _close_everything(self) -> None:
         """Close every stream still open (the settling), whatever faults left behind."""
+        from django.db import connections
+
         import pgstreams
 
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                with self.db() as conn:
-                    ids = [
-                        r[0]
-                        for r in conn.execute(
-                            "SELECT id FROM pgstreams_stream WHERE label = %s AND closed_at IS NULL", [LABEL]
-                        )
-                    ]
+                with pgserver.connect(self.entry, connect_timeout=3) as conn:
+                    query = "SELECT id FROM pgstreams_stream WHERE label = %s AND closed_at IS NULL"
+                    ids = [row[0] for row in conn.execute(query, [LABEL])]
                 for sid in ids:
                     with contextlib.suppress(pgstreams.StreamClosed, pgstreams.StreamNotFound):
                         pgstreams.close(sid, using="soak")
                 if not ids:
                     return
-            except (psycopg.Error, Exception) as exc:  # noqa: B014 (Django's errors too)
+            except Exception as exc:  # psycopg's and Django's errors alike: the server is back soon
                 self.say(f"soak: closing the streams failed, again: {exc}")
-                from django.db import connections
-
                 connections.close_all()
             time.sleep(0.5)
 
-    # -- faults (faults.Target) ------------------------------------------------------------------
-
-    def available(self, kind: str) -> str:
-        """Why this machine cannot inject ``kind`` ("" if it can)."""
-        if kind == "restart-server":
-            return self.server.why_not
-        if kind == "pause-standby":
-            return self.standby_why_not
-        return ""
-
-    def kill(self, roles: tuple[str, ...], rng: random.Random) -> str:
-        alive = [s for s in self.slots if s.role in roles and s.alive() and not s.finished]
-        if not alive:
-            raise NotInjected("no such process alive")
-        slot = rng.choice(alive)
-        slot.kill(restart_in=rng.uniform(0.2, 1.5))
-        return f"SIGKILL {slot.name}-{slot.incarnation}"
-
-    def terminate_backend(self, role: str, rng: random.Random) -> str:
-        with self.server_lock, self.db() as conn:
-            found = conn.execute(
-                "SELECT pid, application_name FROM pg_stat_activity"
-                " WHERE datname = current_database() AND application_name LIKE %s",
-                [f"pgstreams {role} %"],
-            ).fetchall()
-            if not found:
-                raise NotInjected(f"no {role} connection")
-            pid, name = rng.choice(found)
-            conn.execute("SELECT pg_terminate_backend(%s)", [pid])
-        return f"terminated {name}"
-
-    def freeze(self) -> str:
-        frozen = self.db_proxy.freeze()
-        if not frozen:
-            raise NotInjected("no connection through the proxy")
-        return f"froze {frozen} connection(s)"
-
-    def restart_server(self, rng: random.Random) -> str:
-        if self.server.why_not:
-            raise NotInjected(self.server.why_not)
-        down = rng.uniform(0.1, 1.0)
-        with self.server_lock:
-            self.server.stop()
-            time.sleep(down)
-            self.server.start()
-        return f"down {down:.2f} s"
-
-    def prune(self, rng: random.Random) -> str:
-        """Copy the streams closed a while ago into the record, then prune them."""
-        from django.db import connections
-
-        from pgstreams import maintenance
-
-        with self.server_lock, self.db() as conn:
-            cutoff = conn.execute(f"SELECT now() - interval '{PRUNE_MARGIN}'").fetchone()[0]
-            doomed = conn.execute(
-                "SELECT id, path FROM pgstreams_stream WHERE label = %s AND closed_at < %s AND deleted_at IS NULL",
-                [LABEL, cutoff],
-            ).fetchall()
-            if not doomed:
-                raise NotInjected("no stream closed long enough ago")
-            for sid, path in doomed:
-                rows = conn.execute(
-                    'SELECT "offset", data FROM pgstreams_chunk WHERE stream_id = %s ORDER BY "offset"', [sid]
-                ).fetchall()
-                self.log(e="pruning", s=path, chunks=rows)
-        batch = rng.choice((25, 200, 10_000))
-        try:
-            done = maintenance.prune(cutoff, batch=batch, using="soak")
-        finally:
-            connections.close_all()
-        if done.streams != len(doomed):
-            self.log(e="prune-race", copied=len(doomed), pruned=done.streams)
-        return f"{done.streams} stream(s), {done.chunks} chunk(s), batch {batch}"
-
-    def cut_clients(self, rng: random.Random) -> str:
-        cut = rng.choice(self.client_proxies).cut()
-        if not cut:
-            raise NotInjected("no client connection")
-        return f"cut {cut} client connection(s)"
-
-    def pause_standby(self, rng: random.Random) -> str:
-        if self.standby is None:
-            raise NotInjected(self.standby_why_not)
-        seconds = rng.uniform(0.3, 3.0)
-        with self.server_lock, self.standby.replay_paused():
-            time.sleep(seconds)
-        return f"replay paused {seconds:.2f} s"
-
     # -- the run -------------------------------------------------------------------------------
-
-    @property
-    def settling(self) -> bool:
-        return (self.run_dir / PHASE_FILE).read_text().strip() == "settle"
 
     def run(self) -> Outcome:
         from django.test import override_settings
@@ -422,7 +196,7 @@ class Soak:
         began = time.monotonic()
         self._make_database()
         (self.run_dir / PHASE_FILE).write_text("run")
-        overrides = override_settings(PGSTREAMS={"DATABASE": "soak", **PGSTREAMS})
+        overrides = override_settings(PGSTREAMS={"DATABASE": "soak", **processes.PGSTREAMS})
         overrides.enable()
         quiet = logging.getLogger("pgstreams")  # its warnings of every reconnect are the faults at work
         level = quiet.level
@@ -435,75 +209,62 @@ class Soak:
             self._teardown()
 
     def _run(self, began: float) -> Outcome:
-        self.server = pgserver.ServerControl(self.entry)
         standby = pgserver.Standby(self.entry)
-        self.standby_why_not = standby.why_not
         if not standby.why_not:
             self.standby = standby.__enter__()
-        self.db_proxy = proxy_for(self.entry, max_connections=None).start()
-        self.daphne_ports = [_free_port() for _ in range(DAPHNES)]
-        self.client_proxies = [
-            FreezingProxy(("127.0.0.1", port), max_connections=None).start() for port in self.daphne_ports
-        ]
-        self.hosts = [f"127.0.0.1:{p.port}" for p in self.client_proxies]
+        db_proxy = proxy_for(self.entry, max_connections=None).start()
+        ports = [_free_port() for _ in range(processes.DAPHNES)]
+        clients = [FreezingProxy(("127.0.0.1", port), max_connections=None).start() for port in ports]
+        self.proxies = [db_proxy, *clients]
+        self.hosts = [f"127.0.0.1:{p.port}" for p in clients]
         (self.run_dir / "config.json").write_text(json.dumps({"hosts": self.hosts, "seed": self.config.seed}))
-        self._slots(self.db_proxy)
-        for slot in self.slots:
-            slot.start()
-        self._wait_for_daphne()
-        helpers = [
-            threading.Thread(target=self._supervise, name="soak-supervisor", daemon=True),
-            threading.Thread(target=self._streams, name="soak-streams", daemon=True),
-            threading.Thread(target=self._janitor, name="soak-janitor", daemon=True),
-        ]
-        for thread in helpers:
-            thread.start()
-
-        kinds = self.config.kinds or list(faults.KINDS)
-        unavailable = {k: why for k in kinds if (why := self.available(k))}
-        seconds = self.config.minutes * 60
-        schedule = faults.schedule(
-            self.config.seed, seconds, self.config.fault_every, [k for k in kinds if k not in unavailable]
+        standby_entry = self.standby.database() if self.standby is not None else None
+        slots = processes.layout(
+            self.run_dir, self.config.seed, self.entry, database_via(db_proxy, self.entry), standby_entry, ports
         )
-        injector = faults.Injector(self, schedule, self.say, self.log)
+        self.processes = processes.Processes(slots, lambda: self.settling)
+        self.processes.start()
+        _wait_for(ports)
+        streams = threading.Thread(target=self._streams, name="soak-streams", daemon=True)
+        streams.start()
+
+        injections = faults.Injections(
+            self.processes, self.entry, db_proxy, clients, self.standby, standby.why_not, self.log
+        )
+        kinds = self.config.kinds or list(faults.KINDS)
+        unavailable = {k: why for k in kinds if (why := injections.unavailable(k))}
+        seconds = self.config.minutes * 60
+        available = [k for k in kinds if k not in unavailable]
+        injector = faults.Injector(
+            injections, faults.schedule(self.config.seed, seconds, self.config.fault_every, available), self.log
+        )
         self.say(
-            f"soak: seed {self.config.seed}, {self.config.minutes:g} min, {len(schedule)} faults scheduled; "
+            f"soak: seed {self.config.seed}, {self.config.minutes:g} min, {len(injector.faults)} faults scheduled; "
             f"record in {self.run_dir}"
         )
         for kind, why in unavailable.items():
             self.say(f"soak: no {kind} faults here: {why}")
-        started = time.monotonic()
-        self._progress(injector, started, seconds)
-        injector.stop()
-        self.db_proxy.drop_frozen(0)
+        self._inject(injector, seconds)
 
         self.say("soak: settling: writers stop, every stream is closed, readers finish")
         (self.run_dir / PHASE_FILE).write_text("settle")
-        self._wait(lambda: self._writers_done(), 90, "writers to stop")
+        self._wait(self._writers_done, 90, "writers to stop")
         self._close_everything()
-        stuck = self._wait(lambda: all(s.finished for s in self.slots if s.role != "daphne"), SETTLE, "readers")
-        stuck_names = (
-            [
-                f"{s.name}-{s.incarnation}: {s.stderr_tail()[-300:]}"
-                for s in self.slots
-                if s.role != "daphne" and not s.finished
-            ]
-            if stuck
-            else []
-        )
+        workers = self.processes.of("writer", "reader", "clients")
+        self._wait(lambda: all(s.finished for s in workers), SETTLE, "readers")
+        stuck = [f"{s.name}-{s.incarnation}: {s.stderr_tail(300)}" for s in workers if not s.finished]
         self.stop.set()
-        for thread in helpers:
-            thread.join(10)
-        self._stop_processes()
+        streams.join(10)
+        self.processes.stop()
 
         self.say("soak: checking every stream against the table")
-        truth = self._truth()
-        verdict = check.check(self.run_dir, truth)
-        return Outcome(
-            verdict, injector.tally, self.crashes, stuck_names, self.run_dir, time.monotonic() - began, unavailable
-        )
+        verdict = check.check(self.run_dir, self._truth())
+        elapsed = time.monotonic() - began
+        return Outcome(verdict, injector.tally, self.processes.crashes, stuck, self.run_dir, elapsed, unavailable)
 
-    def _progress(self, injector: faults.Injector, started: float, seconds: float) -> None:
+    def _inject(self, injector: faults.Injector, seconds: float) -> None:
+        """Run the schedule for ``seconds``, reporting every 30 s; then wait for the faults to end."""
+        started = time.monotonic()
         thread = threading.Thread(target=injector.run, args=(started,), name="soak-faults", daemon=True)
         thread.start()
         next_report = started + 30
@@ -513,55 +274,30 @@ class Soak:
                 next_report += 30
                 done = sum(injector.tally.injected.values())
                 self.say(f"soak: {time.monotonic() - started:.0f} s, {done} faults, {self.created} streams")
+        injector.stop()
 
     def _writers_done(self) -> bool:
-        writers = all(s.finished for s in self.slots if s.role == "writer")
+        """The writer processes have finished, and each client process's writers have stopped."""
+        assert self.processes is not None
+        writers = all(s.finished for s in self.processes.of("writer"))
+        http = PLAIN_WRITERS + PRODUCER_WRITERS
         clients = all(
-            len(list(self.run_dir.glob(f"writers-done.clients{s.index}-{s.incarnation}.*"))) == 4
-            for s in self.slots
-            if s.role == "clients" and not s.finished
+            len(list(self.run_dir.glob(f"writers-done.clients{s.index}-{s.incarnation}.*"))) == http
+            for s in self.processes.of("clients")
+            if not s.finished
         )
         return writers and clients
 
-    def _wait(self, done: Callable[[], bool], seconds: float, what: str) -> bool:
-        """Wait for ``done()``; True (and a message) if it is still false after ``seconds``."""
+    def _wait(self, done: Callable[[], bool], seconds: float, what: str) -> None:
         deadline = time.monotonic() + seconds
         while not done():
             if time.monotonic() > deadline:
                 self.say(f"soak: still waiting for {what} after {seconds:.0f} s")
-                return True
+                return
             time.sleep(0.2)
-        return False
-
-    def _janitor(self) -> None:
-        while not self.stop.wait(1.0):
-            self.db_proxy.drop_frozen(FROZEN_FOR)
-
-    def _wait_for_daphne(self) -> None:
-        deadline = time.monotonic() + 60
-        for port in self.daphne_ports:
-            while True:
-                try:
-                    httpx.get(f"http://127.0.0.1:{port}/pgstreams/v1/stream/-", timeout=2)
-                    break
-                except httpx.HTTPError:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("the soak's daphne servers did not start") from None
-                    time.sleep(0.2)
-
-    def _stop_processes(self) -> None:
-        for slot in self.slots:
-            if slot.alive():
-                slot.proc.send_signal(signal.SIGTERM)
-        for slot in self.slots:
-            if slot.proc is not None:
-                try:
-                    slot.proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    slot.proc.kill()
-                    slot.proc.wait(10)
 
     def _truth(self) -> check.Truth:
+        """Every chunk of the soak's streams: the table's, and the copies of those pruned."""
         chunks: dict[str, dict[int, str]] = {}
         pruned: set[str] = set()
         created: set[str] = set()
@@ -573,10 +309,9 @@ class Soak:
             elif event["e"] == "created":
                 created.add(event["s"])
         next_offsets: dict[str, int] = {}
-        with self.db() as conn:
-            for path, next_offset in conn.execute(
-                "SELECT path, next_offset FROM pgstreams_stream WHERE label = %s", [LABEL]
-            ):
+        with pgserver.connect(self.entry, connect_timeout=10) as conn:
+            query = "SELECT path, next_offset FROM pgstreams_stream WHERE label = %s"
+            for path, next_offset in conn.execute(query, [LABEL]):
                 next_offsets[path] = next_offset
                 chunks.setdefault(path, {})
             with conn.transaction(), conn.cursor(name="truth") as cursor:
@@ -591,9 +326,10 @@ class Soak:
 
     def _teardown(self) -> None:
         self.stop.set()
-        with contextlib.suppress(Exception):
-            self._stop_processes()
-        for proxy in [*self.client_proxies, *([self.db_proxy] if hasattr(self, "db_proxy") else [])]:
+        if self.processes is not None:
+            with contextlib.suppress(Exception):
+                self.processes.stop()
+        for proxy in self.proxies:
             proxy.close()
         if self.standby is not None:
             self.standby.stop()
@@ -607,26 +343,39 @@ class Soak:
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
+def _wait_for(ports: list[int]) -> None:
+    """Until the daphne servers on ``ports`` answer (at most a minute)."""
+    deadline = time.monotonic() + 60
+    for port in ports:
+        while True:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/pgstreams/v1/stream/-", timeout=2)
+                break
+            except httpx.HTTPError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the soak's daphne servers did not start") from None
+                time.sleep(0.2)
+
+
 def report(outcome: Outcome, seed: int, say: Callable[[str], None]) -> None:
     """Print the outcome: faults by kind, what was written and read, anomalies, one summary line."""
     tally, verdict = outcome.tally, outcome.verdict
-    say("soak: faults survived: " + ", ".join(f"{k} {n}" for k, n in sorted(tally.injected.items())))
+
+    def counts(counter: Any) -> str:
+        return ", ".join(f"{k} {n}" for k, n in sorted(counter.items()))
+
+    say(f"soak: faults survived: {counts(tally.injected)}")
     if tally.skipped:
-        say(
-            "soak: faults that found nothing to act on: "
-            + ", ".join(f"{k} {n}" for k, n in sorted(tally.skipped.items()))
-        )
+        say(f"soak: faults that found nothing to act on: {counts(tally.skipped)}")
     for failure in tally.failed[:10]:
         say(f"soak: a fault could not be injected: {failure}")
-    say("soak: writes: " + ", ".join(f"{k} {n}" for k, n in sorted(verdict.attempts.items())))
-    say("soak: reader sessions: " + ", ".join(f"{k} {n}" for k, n in sorted(verdict.sessions.items())))
+    say(f"soak: writes: {counts(verdict.attempts)}")
+    say(f"soak: reader sessions: {counts(verdict.sessions)}")
     for kind, count in sorted(verdict.anomalies.items()):
         say(f"soak: ANOMALY {kind}: {count}")
         for example in verdict.examples[kind]:
@@ -639,7 +388,8 @@ def report(outcome: Outcome, seed: int, say: Callable[[str], None]) -> None:
     checked = verdict.written + verdict.delivered
     say(
         f"soak: {injected} faults ({len(tally.injected)} kinds), {checked} chunks checked "
-        f"({verdict.written} written, {verdict.delivered} delivered), {outcome.anomalies} anomalies, seed {seed}"
+        f"({verdict.written} written, {verdict.delivered} delivered), {outcome.anomalies} anomalies, "
+        f"seed {seed} ({outcome.seconds:.0f} s in all)"
     )
 
 

@@ -1,0 +1,182 @@
+"""The soak's processes: what runs (``Layout``), each slot's incarnations (``Slot``), and the
+supervisor that starts a killed process again when its moment comes and notes one that crashed.
+
+Every process runs on this machine against the soak's database: two daphne processes of the demo
+project (Durable Streams endpoint open to anyone), writer, reader and client processes
+(``python -m bench.soak.worker``). The first writer and reader go to the database's own
+connections of pgstreams through the freezing proxy; the second reader reads from the standby,
+where there is one. Each process's output goes to ``proc/<name>-<incarnation>.err``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from psycopg.conninfo import make_conninfo
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+WRITERS, READERS, CLIENTS, DAPHNES = 2, 2, 1, 2
+QUERY_TIMEOUT = 2.0
+# The settings of every soak process: failures noticed within seconds, polls often.
+PGSTREAMS = {"QUERY_TIMEOUT": QUERY_TIMEOUT, "LISTEN_CHECK_INTERVAL": 2.0, "POLL_INTERVAL": 0.5, "CONNECT_TIMEOUT": 2}
+CRASH_PAUSE = 1.0  # seconds before a crashed process starts again
+
+
+def url(entry: dict[str, Any]) -> str:
+    """A libpq connection string for a DATABASES entry."""
+    return make_conninfo(
+        dbname=entry["NAME"],
+        user=entry.get("USER") or None,
+        password=entry.get("PASSWORD") or None,
+        host=entry.get("HOST") or None,
+        port=str(entry.get("PORT") or "") or None,
+    )
+
+
+class Slot:
+    """A worker or server process and its incarnations."""
+
+    def __init__(self, role: str, index: int, command: Callable[[int], list[str]], env: dict[str, str], logs: Path):
+        self.role, self.index, self.command, self.env, self.logs = role, index, command, env, logs
+        self.incarnation = -1
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.restart_at: float | None = None  # when a killed process starts again
+        self.finished = False
+        self.lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}{self.index}"
+
+    def start(self) -> None:
+        self.incarnation += 1
+        err = open(self.logs / f"{self.name}-{self.incarnation}.err", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(self.command(self.incarnation), cwd=ROOT, env=self.env, stdout=err, stderr=err)
+        err.close()
+        self.restart_at = None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self, restart_in: float) -> None:
+        with self.lock:
+            if self.alive():
+                self.restart_at = time.monotonic() + restart_in
+                self.proc.kill()
+
+    def stderr_tail(self, size: int = 1500) -> str:
+        path = self.logs / f"{self.name}-{self.incarnation}.err"
+        return path.read_text(errors="replace")[-size:] if path.exists() else ""
+
+
+class Processes:
+    """Every slot of a run, and the supervisor thread that keeps them running."""
+
+    def __init__(self, slots: list[Slot], settling: Callable[[], bool]) -> None:
+        self.slots = slots
+        self.settling = settling
+        self.crashes: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._supervise, name="soak-supervisor", daemon=True)
+
+    def start(self) -> None:
+        for slot in self.slots:
+            slot.start()
+        self._thread.start()
+
+    def of(self, *roles: str) -> list[Slot]:
+        return [slot for slot in self.slots if slot.role in roles]
+
+    def _supervise(self) -> None:
+        """Start again what was killed, once its moment comes; note and restart what crashed.
+        A worker that leaves with 0 while the run settles has finished."""
+        while not self._stop.wait(0.1):
+            for slot in self.slots:
+                with slot.lock:
+                    if slot.finished or slot.alive() or slot.proc is None:
+                        continue
+                    if slot.restart_at is None:  # it left by itself
+                        code = slot.proc.returncode
+                        if code == 0 and self.settling() and slot.role != "daphne":
+                            slot.finished = True
+                            continue
+                        self.crashes.append(f"{slot.name}-{slot.incarnation} exited {code}: {slot.stderr_tail()}")
+                        slot.restart_at = time.monotonic() + CRASH_PAUSE
+                    if time.monotonic() >= slot.restart_at:
+                        slot.start()
+
+    def stop(self) -> None:
+        """Stop supervising, then end every process (SIGTERM, SIGKILL 10 s later)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(10)
+        for slot in self.slots:
+            if slot.alive():
+                slot.proc.send_signal(signal.SIGTERM)
+        for slot in self.slots:
+            if slot.proc is not None:
+                try:
+                    slot.proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    slot.proc.kill()
+                    slot.proc.wait(10)
+
+
+def layout(
+    run_dir: Path,
+    seed: int,
+    entry: dict[str, Any],
+    via: dict[str, Any],
+    standby: dict[str, Any] | None,
+    ports: list[int],
+) -> list[Slot]:
+    """The slots of a run: daphne on ``ports``, then writers, readers and clients; ``via`` is
+    the database entry through the freezing proxy, ``standby`` the standby's (or None)."""
+    base = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "bench.soak.settings",
+        "DATABASE_URL": url(entry),
+        "DEMO_OPEN_DURABLE_STREAMS": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+    def env(pgstreams: dict[str, Any], databases: dict[str, str]) -> dict[str, str]:
+        return {
+            **base,
+            "SOAK_PGSTREAMS": json.dumps({**PGSTREAMS, **pgstreams}),
+            "SOAK_DATABASES": json.dumps(databases),
+        }
+
+    def worker(module: str, index: int) -> Callable[[int], list[str]]:
+        return lambda inc: [
+            sys.executable,
+            "-m",
+            "bench.soak.worker",
+            module,
+            str(index),
+            str(inc),
+            str(run_dir),
+            str(seed),
+        ]
+
+    proxied = env({"DATABASE": "via"}, {"via": url(via)})
+    plain = env({}, {})
+    on_standby = env({"READ_DATABASE": "standby"}, {"standby": url(standby)}) if standby is not None else plain
+    logs = run_dir / "proc"
+    slots = []
+    for i, port in enumerate(ports):
+        command = [sys.executable, "-m", "daphne", "-v", "0", "-b", "127.0.0.1", "-p", str(port)]
+        slots.append(Slot("daphne", i, lambda _, c=command: [*c, "demo_project.asgi:application"], plain, logs))
+    slots += [Slot("writer", i, worker("writers", i), proxied if i == 0 else plain, logs) for i in range(WRITERS)]
+    slots += [Slot("reader", i, worker("readers", i), proxied if i == 0 else on_standby, logs) for i in range(READERS)]
+    slots += [Slot("clients", i, worker("clients", i), plain, logs) for i in range(CLIENTS)]
+    return slots
