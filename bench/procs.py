@@ -1,8 +1,10 @@
-"""The benchmark's worker processes: writers (threads writing their own streams) and readers
-(``aread`` tasks, ``fanout`` per stream). Each runs in a spawned process that sets Django up as
-the coordinator describes it, then reports raw timings back through a queue.
+"""The benchmark's worker processes: writers (threads writing their own streams), readers
+(``aread`` tasks, ``fanout`` per stream), and the fan-out mode's clock writer. Each runs in a
+spawned process that sets Django up as the coordinator describes it, then reports raw timings
+back through a queue. Nothing of Django is imported here at import time.
 
-Timestamps are ``time.monotonic()``, one clock shared by every process on the host.
+Timestamps are ``time.monotonic()``, one clock shared by every process on the host (the clock
+writer's chunks carry the wall clock, which the Node subscribers read).
 """
 
 from __future__ import annotations
@@ -330,3 +332,29 @@ async def _ws_follow_all(
         if task.exception() is not None:
             result.errors.append(repr(task.exception()))
     return result
+
+
+def clock_writer(boot: Boot, stream_ids: list[str], rate: float, seconds: float, go: Any, results: Any) -> None:
+    """The fan-out benchmark's writer: one task per stream writing ``rate`` chunks/s through
+    ``stream_writer``, paced on absolute deadlines, each chunk its wall-clock time (a JSON
+    number), for ``seconds``; then it closes the streams and reports the chunks per stream."""
+    setup(boot)
+
+    import pgstreams
+
+    async def one(sid: str, phase: float, start: float) -> int:
+        n = 0
+        async with pgstreams.stream_writer(sid, close=True) as w:
+            while (deadline := start + phase + n / rate) < start + seconds:
+                if (pause := deadline - time.monotonic()) > 0:
+                    await asyncio.sleep(pause)
+                await w.send(repr(time.time()))
+                n += 1
+        return n
+
+    async def main() -> list[int]:
+        go.wait()
+        start = time.monotonic()
+        return await asyncio.gather(*(one(sid, i / len(stream_ids) / rate, start) for i, sid in enumerate(stream_ids)))
+
+    results.put(dict(zip(stream_ids, asyncio.run(main()), strict=True)))

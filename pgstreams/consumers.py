@@ -28,9 +28,10 @@ from urllib.parse import parse_qs
 
 from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.sessions import InstanceSessionWrapper
 from django.core.exceptions import PermissionDenied
 
-from . import metrics, protocol
+from . import delivery, metrics, protocol
 from .auth import readable_stream
 from .exceptions import ChunksPruned, StreamError, StreamNotFound
 from .protocol import BAD_REQUEST, FORBIDDEN, NOT_FOUND, PRUNED, SERVER_ERROR, TOO_SLOW
@@ -74,7 +75,8 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
         if self.position > stream.next_offset:
             return await self.refuse(BAD_REQUEST, protocol.past_end(self.position, stream))
         # The bytes of a chunks frame around its items: the same for every frame of this socket.
-        self.envelope = len(protocol.chunks_frame("0" * 2 * FRAME_ID_BYTES, self.stream_id, []))
+        self.envelope = len(protocol.chunks_frame("0" * 2 * FRAME_ID_BYTES, self.stream_id, ""))
+        self.send_raw = _unwrapped(self.base_send)
         self.pump = asyncio.create_task(self.send_chunks(), name=f"pgstreams-ws-{self.stream_id}")
         metrics.websocket_clients.inc()
 
@@ -130,23 +132,26 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
         return True
 
     async def send_frame(self, batch: list[StreamChunk]) -> list[StreamChunk]:
-        """Send the first chunks of ``batch`` that fit the window in one frame; return the rest."""
+        """Send the first chunks of ``batch`` that fit the window in one frame; return the rest.
+        A whole batch that fits goes as the items every subscriber at it sends (``delivery``)."""
         frame = secrets.token_hex(FRAME_ID_BYTES)
-        items = protocol.frame_items(
-            batch,
-            max_items=WINDOW_CHUNKS - (self.position - self.acked_to),
-            max_bytes=min(FRAME_BYTES, WINDOW_BYTES - self.unacked_bytes) - self.envelope,
-        )
-        text = protocol.chunks_frame(frame, self.stream_id, items)
-        sent = batch[: len(items)]
+        max_items = WINDOW_CHUNKS - (self.position - self.acked_to)
+        max_bytes = min(FRAME_BYTES, WINDOW_BYTES - self.unacked_bytes) - self.envelope
+        items, items_bytes = delivery.shared("ws", batch, protocol.batch_items)
+        sent = batch
+        if len(batch) > max_items or items_bytes > max_bytes:
+            parts = protocol.frame_items(batch, max_items, max_bytes)
+            sent = batch[: len(parts)]
+            items = ",".join(parts)
+            items_bytes = len(items.encode())
+            metrics.observe_delivery(sent)
         # Counted before it is sent: a fast client's ack may come back before send() returns.
         self.position = sent[-1].offset + 1
-        size = len(text.encode())
+        size = self.envelope + items_bytes
         self.unacked.append((frame, self.position, size))
         self.unacked_bytes += size
-        await self.send(text_data=text)
-        metrics.observe_delivery(sent)
-        return batch[len(items) :]
+        await self.send_raw({"type": "websocket.send", "text": protocol.chunks_frame(frame, self.stream_id, items)})
+        return batch[len(sent) :]
 
     def window_full(self) -> bool:
         return self.position - self.acked_to >= WINDOW_CHUNKS or self.unacked_bytes >= WINDOW_BYTES
@@ -199,6 +204,15 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
                 break
         self.acked.set()
         return True
+
+
+def _unwrapped(send: Any) -> Any:
+    """The server's own send, under Channels' session wrappers: they act only on HTTP responses
+    (to save the session and set its cookie), and this consumer never changes the session, but
+    each costs every frame an await. Authentication stays where it was, at connect."""
+    while isinstance(getattr(send, "__self__", None), InstanceSessionWrapper):
+        send = send.__self__.real_send
+    return send
 
 
 def _stream_id(value: str | uuid.UUID) -> uuid.UUID:

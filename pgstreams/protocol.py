@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+from collections.abc import Sequence
 from typing import Any, Final
 
 from .models import Stream
@@ -43,10 +44,10 @@ def past_end(position: int, stream: Stream) -> str:
     return f"offset {position} is past the end of stream {stream.id}, which has {stream.next_offset} chunks"
 
 
-def chunks_frame(frame: str, stream_id: object, items: list[str]) -> str:
-    """A WebSocket ``chunks`` frame: the items (from ``frame_items``) and the frame's id, which
-    the client's ack names."""
-    return f'{{"type":"chunks","frame":"{frame}","stream":"{stream_id}","items":[{",".join(items)}]}}'
+def chunks_frame(frame: str, stream_id: object, items: str) -> str:
+    """A WebSocket ``chunks`` frame: the items (``frame_items`` joined with commas) and the
+    frame's id, which the client's ack names."""
+    return f'{{"type":"chunks","frame":"{frame}","stream":"{stream_id}","items":[{items}]}}'
 
 
 def frame_items(chunks: list[StreamChunk], max_items: int, max_bytes: int) -> list[str]:
@@ -61,6 +62,13 @@ def frame_items(chunks: list[StreamChunk], max_items: int, max_bytes: int) -> li
             break
         items.append(item)
     return items
+
+
+def batch_items(chunks: Sequence[StreamChunk]) -> tuple[str, int]:
+    """Every chunk of a batch as a frame's items, joined, and their bytes of UTF-8: what every
+    subscriber at this batch sends (``delivery``)."""
+    text = ",".join(frame_items(list(chunks), len(chunks), 2**62))
+    return text, len(text.encode())
 
 
 def _data(data: str | bytes) -> str:

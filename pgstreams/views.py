@@ -7,15 +7,16 @@ from __future__ import annotations
 import contextlib
 import hmac
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, StreamingHttpResponse
 
-from . import conf, metrics, protocol
+from . import conf, delivery, metrics, protocol
 from .auth import readable_stream
 from .exceptions import ChunksPruned, ReadTimeout, StreamNotFound
 from .reader import aread_batches
+from .types import StreamChunk
 
 # Seconds of silence after which a comment line keeps proxies from closing the connection.
 KEEPALIVE = 15.0
@@ -76,6 +77,10 @@ async def _event_stream(stream_id: uuid.UUID, position: int) -> AsyncIterator[by
         metrics.sse_clients.dec()
 
 
+def _sse_events(chunks: Sequence[StreamChunk]) -> bytes:
+    return b"".join(map(protocol.sse_chunk, chunks))
+
+
 async def _events(stream_id: uuid.UUID, position: int) -> AsyncIterator[bytes]:
     yield protocol.SSE_RETRY
     sent = 0
@@ -85,6 +90,12 @@ async def _events(stream_id: uuid.UUID, position: int) -> AsyncIterator[bytes]:
                 aread_batches(stream_id, from_offset=position, timeout=KEEPALIVE)
             ) as batches:
                 async for batch in batches:
+                    events = delivery.shared("sse", batch, _sse_events)
+                    if sent + len(events) < RESPONSE_BYTES:  # as every subscriber at this batch sends it
+                        yield events
+                        position = batch[-1].offset + 1
+                        sent += len(events)
+                        continue
                     payload = bytearray()
                     for chunk in batch:
                         payload += protocol.sse_chunk(chunk)
@@ -92,10 +103,7 @@ async def _events(stream_id: uuid.UUID, position: int) -> AsyncIterator[bytes]:
                         if sent + len(payload) >= RESPONSE_BYTES:
                             break
                     yield bytes(payload)
-                    metrics.observe_delivery([c for c in batch if c.offset < position])
-                    sent += len(payload)
-                    if sent >= RESPONSE_BYTES:
-                        return  # the client resumes from Last-Event-ID
+                    return  # the client resumes from Last-Event-ID
         except ReadTimeout:
             yield protocol.SSE_KEEPALIVE
             continue

@@ -13,7 +13,8 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
@@ -24,9 +25,10 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 
-from .. import conf, db, metrics, threads
+from .. import conf, db, delivery, metrics, threads
 from ..exceptions import ChunksPruned, ReadTimeout, StreamNotFound
 from ..reader import afollow
+from ..types import StreamChunk
 from . import store, wire
 from .wire import Refused
 
@@ -278,7 +280,7 @@ async def _get(request: HttpRequest, name: str) -> HttpResponseBase:
     if live is None:
         return _catch_up(request, read, offset)
     if read.chunks:
-        response = _chunks_response(read.state, read.start, read.chunks, read.up_to_date)
+        response = _read_response(read)
         return _live_headers(response, "Stream-Closed" in response, cursor_given)
     if read.state.closed:
         return _tail_response(read.state, read.start, cursor_given)
@@ -293,7 +295,7 @@ def _catch_up(request: HttpRequest, read: store.Read, offset: str) -> HttpRespon
         response = _empty(304)
         response["ETag"] = tag
         return response
-    response = _chunks_response(state, read.start, read.chunks, read.up_to_date)
+    response = _read_response(read)
     if offset == wire.NOW:
         response["Cache-Control"] = "no-store"
         del response["ETag"]
@@ -302,15 +304,20 @@ def _catch_up(request: HttpRequest, read: store.Read, offset: str) -> HttpRespon
     return response
 
 
+def _read_response(read: store.Read) -> HttpResponse:
+    return _chunks_response(
+        read.state, read.start, read.end, wire.body_of(read.chunks, read.state.json_mode), read.up_to_date
+    )
+
+
 def _chunks_response(
-    state: store.State, start: int, chunks: list[str | bytes], up_to_date: bool, closed: bool | None = None
+    state: store.State, start: int, end: int, body: bytes, up_to_date: bool, closed: bool | None = None
 ) -> HttpResponse:
-    """200 with ``chunks`` from offset ``start``; whether they end the stream, if not said, from
-    ``state``."""
-    end = start + len(chunks)
+    """200 with ``body``, the chunks from offset ``start`` to ``end``; whether they end the
+    stream, if not said, from ``state``."""
     if closed is None:
         closed = state.closed and end >= state.next_offset
-    response = HttpResponse(wire.body_of(chunks, state.json_mode), content_type=state.content_type)
+    response = HttpResponse(body, content_type=state.content_type)
     response["Stream-Next-Offset"] = wire.format_offset(end)
     response["ETag"] = wire.etag(state.id, start, end, closed)
     if up_to_date or closed:
@@ -352,9 +359,9 @@ async def _long_poll(read: store.Read, cursor_given: str | None) -> HttpResponse
         raise Refused(410, str(exc)) from None
     if progress is None:  # closed, with nothing after read.start
         return _tail_response(dataclasses.replace(state, next_offset=read.start, closed=True), read.start, cursor_given)
-    metrics.observe_delivery(progress.chunks)
-    data = [chunk.data for chunk in progress.chunks]
-    response = _chunks_response(state, progress.chunks[0].offset, data, progress.caught_up, progress.closed)
+    body = delivery.shared(f"ds-body/{state.json_mode}", progress.chunks, partial(_body_of, state.json_mode))
+    start, end = progress.chunks[0].offset, progress.chunks[-1].offset + 1
+    response = _chunks_response(state, start, end, body, progress.caught_up, progress.closed)
     return _live_headers(response, progress.closed, cursor_given)
 
 
@@ -365,6 +372,14 @@ def _sse(read: store.Read, cursor_given: str | None) -> StreamingHttpResponse:
     if read.state.binary:
         response["Stream-SSE-Data-Encoding"] = "base64"
     return response
+
+
+def _body_of(json_mode: bool, chunks: Sequence[StreamChunk]) -> bytes:
+    return wire.body_of([c.data for c in chunks], json_mode)
+
+
+def _sse_data(json_mode: bool, binary: bool, chunks: Sequence[StreamChunk]) -> bytes:
+    return wire.sse_data([c.data for c in chunks], json_mode=json_mode, binary=binary)
 
 
 async def _events(read: store.Read, cursor: str) -> AsyncIterator[bytes]:
@@ -392,10 +407,11 @@ async def _events(read: store.Read, cursor: str) -> AsyncIterator[bytes]:
                 if not progress.chunks:
                     yield wire.SSE_KEEPALIVE
                 else:
-                    data = wire.sse_data([c.data for c in progress.chunks], json_mode=json_mode, binary=binary)
+                    data = delivery.shared(
+                        f"ds-sse/{json_mode}/{binary}", progress.chunks, partial(_sse_data, json_mode, binary)
+                    )
                     sent += len(data)
                     yield data
-                    metrics.observe_delivery(progress.chunks)
                     position = progress.chunks[-1].offset + 1
                     yield wire.sse_control(
                         position, cursor_value=cursor, up_to_date=progress.caught_up, closed=progress.closed

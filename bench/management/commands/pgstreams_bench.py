@@ -9,6 +9,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from bench.durable import DurableConfig, run_durable
 from bench.durable import table as durable_table
+from bench.fanout import SERVERS, TRANSPORTS, FanoutConfig, Shape, run_fanout
+from bench.fanout import table as fanout_table
 from bench.llm import LlmConfig, run_llm
 from bench.llm_procs import APPEND_METHODS, METHODS
 from bench.report import plot, table
@@ -87,6 +89,19 @@ class Command(BaseCommand):
         parser.add_argument(
             "--processes", default="1,2", help="daphne process counts for --durable, comma-separated (default 1,2)"
         )
+        parser.add_argument(
+            "--fanout-shapes",
+            default="",
+            help="instead of the modes: shapes SxNxR (S streams x N subscribers x R chunks/s per stream), "
+            "comma-separated, each delivered by one server process to Node subscribers for --duration seconds, "
+            "with the raw ASGI ceiling on the same server",
+        )
+        parser.add_argument("--transports", default="ws", help=f"for --fanout-shapes: some of {', '.join(TRANSPORTS)}")
+        parser.add_argument("--servers", default="daphne", help=f"for --fanout-shapes: some of {', '.join(SERVERS)}")
+        parser.add_argument("--no-ceiling", action="store_true", help="for --fanout-shapes: skip the raw ASGI runs")
+        parser.add_argument(
+            "--idle", type=int, default=0, help="for --fanout-shapes: also that many idle connections of each kind"
+        )
         parser.add_argument("--json", dest="json_path", help="write the report as JSON here")
         parser.add_argument("--plot", dest="plot_path", help="write the plot as PNG here")
 
@@ -99,7 +114,10 @@ class Command(BaseCommand):
         if o["duration"] <= 0 or (o["rate"] is not None and o["rate"] <= 0):
             raise CommandError("--duration and --rate must be positive")
         replica_writers = _counts(o, "replica_writers")
-        if o["durable"]:
+        if o["fanout_shapes"]:
+            report = self.run_fanout(o)
+            self.stdout.write(fanout_table(report))
+        elif o["durable"]:
             report = self.run_durable(o)
             self.stdout.write(durable_table(report))
         else:
@@ -109,7 +127,7 @@ class Command(BaseCommand):
             with open(o["json_path"], "w") as f:
                 json.dump(report, f, indent=2)
             self.stdout.write(f"wrote {o['json_path']}")
-        if o["plot_path"] and not o["durable"]:
+        if o["plot_path"] and not (o["durable"] or o["fanout_shapes"]):
             plot(report, o["plot_path"])
             self.stdout.write(f"wrote {o['plot_path']}")
 
@@ -129,6 +147,25 @@ class Command(BaseCommand):
             replica_writers=replica_writers if o["replica"] else (),
         )
         return run(config, say=self.say)
+
+    def run_fanout(self, o: dict[str, Any]) -> dict[str, Any]:
+        try:
+            shapes = tuple(Shape.parse(text) for text in o["fanout_shapes"].split(","))
+        except ValueError:
+            raise CommandError(
+                "--fanout-shapes must be shapes such as 1x1000x50,100x10x10, separated by commas"
+            ) from None
+        transports = tuple(t.strip() for t in o["transports"].split(","))
+        servers = tuple(t.strip() for t in o["servers"].split(","))
+        if set(transports) - set(TRANSPORTS) or set(servers) - set(SERVERS):
+            raise CommandError(
+                f"--transports must be some of {', '.join(TRANSPORTS)}; --servers of {', '.join(SERVERS)}"
+            )
+        config = FanoutConfig(shapes, transports, servers, o["duration"], not o["no_ceiling"], o["idle"])
+        try:
+            return run_fanout(config, say=self.say)
+        except RuntimeError as exc:
+            raise CommandError(str(exc)) from None
 
     def run_durable(self, o: dict[str, Any]) -> dict[str, Any]:
         if o["llm"] or o["replica"]:

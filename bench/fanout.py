@@ -1,0 +1,308 @@
+"""The benchmark's fan-out mode (``--fanout``): shapes of S streams x N subscribers x R chunks/s,
+delivered by one server process of the demo project (daphne, uvicorn or granian) over WebSocket,
+pgstreams' SSE, Durable Streams SSE or long-poll, to subscribers in Node processes
+(``node/fanout_load.mjs``), from a writer in another process (``stream_writer``, each chunk's data
+its wall-clock time). Per shape: deliveries/s, e2e p50/p99/max, coverage, duplicates and gaps,
+the server's CPU per delivery and peak RSS, the subscribers' own CPU; and the ceiling in the same
+run: the raw ASGI application of ``raw_asgi`` on the same server, sending the same subscribers the
+same bytes at the same rate, pgstreams reported as a fraction of it. ``--idle`` measures what
+idle WebSockets and SSE connections cost the server.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from . import procs
+from .durable import NODE, _node
+from .run import boot
+from .ws import PeakMemory, _free_port, _wait_for_port
+
+ROOT = Path(__file__).resolve().parent.parent
+TRANSPORTS = ("ws", "sse", "ds-sse", "ds-lp")
+SERVERS = ("daphne", "uvicorn", "granian")
+SUBSCRIBERS_PER_NODE = 1000  # subscribers one Node process takes at most
+SETTLE = 2.0  # seconds between the subscribers' connecting and the first write
+DRAIN = 3.0  # seconds the subscribers stay after the last write
+
+
+@dataclass
+class Shape:
+    streams: int
+    subscribers: int
+    rate: float  # chunks per second per stream
+
+    @classmethod
+    def parse(cls, text: str) -> Shape:
+        streams, subscribers, rate = text.lower().split("x")
+        return cls(int(streams), int(subscribers), float(rate))
+
+    def __str__(self) -> str:
+        return f"{self.streams}x{self.subscribers}x{self.rate:g}"
+
+
+@dataclass
+class FanoutConfig:
+    shapes: tuple[Shape, ...]
+    transports: tuple[str, ...] = ("ws",)
+    servers: tuple[str, ...] = ("daphne",)
+    seconds: float = 10.0
+    ceiling: bool = True
+    idle: int = 0  # idle connections of each kind, on idle // 10 streams (0: no idle part)
+
+
+def server_command(server: str, app: str, port: int) -> list[str]:
+    """How each supported server serves an ASGI application on a loopback port, one process."""
+    if server == "daphne":
+        return [sys.executable, "-m", "daphne", "-v", "0", "-b", "127.0.0.1", "-p", str(port), app]
+    if server == "uvicorn":
+        return [
+            *(sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port)),
+            *("--ws", "websockets-sansio", "--http", "httptools", "--loop", "uvloop"),
+            *("--lifespan", "off", "--log-level", "warning"),
+        ]
+    if server == "granian":
+        return [
+            *(sys.executable, "-m", "granian", "--interface", "asgi", "--host", "127.0.0.1", "--port", str(port)),
+            *("--workers", "1", "--loop", "uvloop", "--log-level", "warning", app),
+        ]
+    raise ValueError(f"server must be one of {', '.join(SERVERS)}, not {server!r}")
+
+
+@contextmanager
+def serving(server: str, app: str) -> Iterator[tuple[str, psutil.Process]]:
+    """One process of ``server`` serving ``app``; yields its base URL and its process."""
+    port = _free_port()
+    env = {**os.environ, "DEMO_OPEN_DURABLE_STREAMS": "1"}
+    proc = subprocess.Popen(
+        server_command(server, app, port), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+
+    class Alive:
+        def is_alive(self) -> bool:
+            return proc.poll() is None
+
+    try:
+        _wait_for_port(port, Alive())
+        yield f"http://127.0.0.1:{port}", psutil.Process(proc.pid)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def _cpu(process: psutil.Process) -> float:
+    """CPU seconds of a process and its children (a server's workers)."""
+    times = [process.cpu_times()] + [c.cpu_times() for c in process.children(recursive=True)]
+    return sum(t.user + t.system for t in times)
+
+
+def _subscribers(
+    node: str, base: str, transport: str, streams: list[dict[str, str]], shape: Shape, seconds: float, idle: bool
+) -> list[subprocess.Popen[str]]:
+    """Node processes following ``streams``, ``shape.subscribers`` each, split so that none has
+    more than SUBSCRIBERS_PER_NODE."""
+    per_stream = max(1, SUBSCRIBERS_PER_NODE // max(1, shape.subscribers))
+    groups: list[tuple[list[dict[str, str]], int]] = []
+    if shape.subscribers > SUBSCRIBERS_PER_NODE:
+        parts = -(-shape.subscribers // SUBSCRIBERS_PER_NODE)
+        groups = [(streams, shape.subscribers // parts)] * parts
+    else:
+        groups = [(streams[i : i + per_stream], shape.subscribers) for i in range(0, len(streams), per_stream)]
+    options = {"base": base, "transport": transport, "seconds": seconds, "idle": idle}
+    return [
+        subprocess.Popen(
+            [node, "fanout_load.mjs", json.dumps({**options, "streams": part, "subscribers": n})],
+            cwd=NODE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for part, n in groups
+    ]
+
+
+def _collect(clients: list[subprocess.Popen[str]], timeout: float) -> list[dict[str, Any]]:
+    results = []
+    for client in clients:
+        out, _ = client.communicate(timeout=timeout)
+        results.append(json.loads(out))
+    return results
+
+
+def _latencies(results: list[dict[str, Any]]) -> dict[str, float | None]:
+    """p50, p99 and max in ms from the subscribers' histograms of 0.1 ms buckets."""
+    counts: dict[int, int] = {}
+    for result in results:
+        for bucket, n in result["histogram"].items():
+            counts[int(bucket)] = counts.get(int(bucket), 0) + n
+    total = sum(counts.values())
+    if not total:
+        return {"p50": None, "p99": None, "max": None}
+    out: dict[str, float | None] = {}
+    for name, q in (("p50", 0.5), ("p99", 0.99)):
+        rank, seen = q * total, 0
+        for bucket in sorted(counts):
+            seen += counts[bucket]
+            if seen >= rank:
+                out[name] = bucket / 10
+                break
+    out["max"] = max(counts) / 10
+    return out
+
+
+def _pgstreams_run(node: str, server: str, transport: str, shape: Shape, seconds: float) -> dict[str, Any]:
+    from pgstreams import conf
+    from pgstreams.models import Stream
+
+    tag = uuid.uuid4().hex[:8]
+    made = Stream.objects.using(conf.database()).bulk_create(
+        Stream(label="pgstreams-bench-fanout", path=f"fanout/{tag}/{i}", content_type="application/json")
+        for i in range(shape.streams)
+    )
+    streams = [{"id": str(s.id), "path": s.path} for s in made]
+    ctx = multiprocessing.get_context("spawn")
+    go, results = ctx.Event(), ctx.Queue()
+    writer = ctx.Process(
+        target=procs.clock_writer, args=(boot("buffered"), [s["id"] for s in streams], shape.rate, seconds, go, results)
+    )
+    try:
+        with serving(server, "demo_project.asgi:application") as (base, process):
+            writer.start()
+            clients = _subscribers(node, base, transport, streams, shape, SETTLE + seconds + DRAIN, idle=False)
+            time.sleep(SETTLE)
+            memory = PeakMemory(process.pid)
+            memory.start()
+            cpu = _cpu(process)
+            go.set()
+            written = results.get(timeout=seconds + 120)
+            out = _collect(clients, timeout=SETTLE + seconds + DRAIN + 60)
+            cpu = _cpu(process) - cpu
+            memory.stop.set()
+        writer.join(30)
+    finally:
+        Stream.objects.using(conf.database()).filter(label="pgstreams-bench-fanout").delete()
+    return _figures(out, cpu, memory.peak, seconds, expected=sum(written.values()) * shape.subscribers)
+
+
+def _ceiling_run(node: str, server: str, transport: str, shape: Shape, seconds: float) -> dict[str, Any]:
+    streams = [{"id": str(uuid.uuid4()), "path": f"raw/{i}"} for i in range(shape.streams)]
+    with serving(server, "bench.raw_asgi:application") as (base, process):
+        clients = _subscribers(node, base, transport, streams, shape, SETTLE + seconds + DRAIN, idle=False)
+        time.sleep(SETTLE)
+        memory = PeakMemory(process.pid)
+        memory.start()
+        cpu = _cpu(process)
+        httpx.post(f"{base}/raw/start", json={"streams": streams, "rate": shape.rate, "seconds": seconds}, timeout=10)
+        out = _collect(clients, timeout=SETTLE + seconds + DRAIN + 60)
+        cpu = _cpu(process) - cpu
+        memory.stop.set()
+    expected = int(shape.rate * seconds) * shape.streams * shape.subscribers
+    return _figures(out, cpu, memory.peak, seconds, expected)
+
+
+def _figures(out: list[dict[str, Any]], cpu: float, peak: int, seconds: float, expected: int) -> dict[str, Any]:
+    deliveries = sum(r["deliveries"] for r in out)
+    return {
+        "deliveries_per_s": round(deliveries / seconds, 1),
+        "e2e_ms": _latencies(out),
+        "coverage": round(deliveries / expected, 4) if expected else None,
+        "duplicates": sum(r["duplicates"] for r in out),
+        "gaps": sum(r["gaps"] for r in out),
+        "server_cpu_us_per_delivery": round(cpu / deliveries * 1e6, 2) if deliveries else None,
+        "server_cpu_seconds": round(cpu, 2),
+        "server_peak_mib": round(peak / 2**20, 1),
+        "client_cpu_seconds": round(sum(r["cpu_seconds"] for r in out), 2),
+        "errors": [e for r in out for e in r["errors"]][:5],
+    }
+
+
+def _idle_run(node: str, server: str, transport: str, connections: int) -> dict[str, Any]:
+    """``connections`` idle subscribers on ``connections // 10`` streams: the server's RSS per
+    connection, and its CPU over ten idle seconds."""
+    from pgstreams import conf
+    from pgstreams.models import Stream
+
+    tag = uuid.uuid4().hex[:8]
+    made = Stream.objects.using(conf.database()).bulk_create(
+        Stream(label="pgstreams-bench-fanout", path=f"fanout/{tag}/{i}", content_type="application/json")
+        for i in range(max(1, connections // 10))
+    )
+    streams = [{"id": str(s.id), "path": s.path} for s in made]
+    try:
+        with serving(server, "demo_project.asgi:application") as (base, process):
+            time.sleep(1.0)
+            before = process.memory_info().rss
+            shape = Shape(len(streams), 10, 1)
+            clients = _subscribers(node, base, transport, streams, shape, 25.0, idle=True)
+            time.sleep(10.0)  # all connected
+            cpu, rss = _cpu(process), process.memory_info().rss
+            time.sleep(10.0)
+            cpu = _cpu(process) - cpu
+            _collect(clients, timeout=60)
+    finally:
+        Stream.objects.using(conf.database()).filter(label="pgstreams-bench-fanout").delete()
+    return {
+        "connections": connections,
+        "kib_per_connection": round((rss - before) / connections / 1024, 1),
+        "idle_cpu_percent": round(cpu / 10.0 * 100, 1),
+    }
+
+
+def run_fanout(config: FanoutConfig, say: Callable[[str], None] = print) -> dict[str, Any]:
+    node = _node()
+    runs: list[dict[str, Any]] = []
+    for server in config.servers:
+        for transport in config.transports:
+            for shape in config.shapes:
+                say(f"fanout: {server}, {transport}, {shape}")
+                row: dict[str, Any] = {"server": server, "transport": transport, "shape": str(shape)}
+                row["pgstreams"] = _pgstreams_run(node, server, transport, shape, config.seconds)
+                if config.ceiling and transport != "ds-lp":
+                    row["ceiling"] = _ceiling_run(node, server, transport, shape, config.seconds)
+                    ceiling = row["ceiling"]["deliveries_per_s"]
+                    row["of_ceiling"] = round(row["pgstreams"]["deliveries_per_s"] / ceiling, 3) if ceiling else None
+                say(f"fanout:   {json.dumps(row)}")
+                runs.append(row)
+            if config.idle and transport in ("ws", "sse"):
+                say(f"fanout: {server}, {transport}, {config.idle} idle connections")
+                runs.append(
+                    {"server": server, "transport": transport, "idle": _idle_run(node, server, transport, config.idle)}
+                )
+    return {"config": asdict(config), "runs": runs}
+
+
+def table(report: dict[str, Any]) -> str:
+    lines = ["server   transport shape        deliveries/s  p50 ms  p99 ms  max ms  coverage  us/delivery  of ceiling"]
+    for row in report["runs"]:
+        if "idle" in row:
+            idle = row["idle"]
+            lines.append(
+                f"{row['server']:<8} {row['transport']:<9} {idle['connections']} idle: "
+                f"{idle['kib_per_connection']} KiB each, {idle['idle_cpu_percent']}% CPU"
+            )
+            continue
+        p = row["pgstreams"]
+        e = p["e2e_ms"]
+        lines.append(
+            f"{row['server']:<8} {row['transport']:<9} {row['shape']:<12} {p['deliveries_per_s']:>12,.0f} "
+            f"{e['p50'] or 0:>7} {e['p99'] or 0:>7} {e['max'] or 0:>7} {p['coverage'] or 0:>9} "
+            f"{p['server_cpu_us_per_delivery'] or 0:>12} {row.get('of_ceiling', '-'):>11}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,197 @@
+// The fan-out benchmark's subscribers (bench/fanout.py runs them): N subscribers of each of the
+// given streams, over WebSocket (acking as pgstreams.js does), pgstreams' SSE, or Durable
+// Streams SSE or long-poll, against pgstreams or against the raw ASGI ceiling alike. Every chunk's
+// data is the wall-clock time it was written (seconds, a JSON number): a delivery's latency is its
+// receipt's wall-clock time less that. Prints one JSON object: deliveries, latencies as a
+// histogram of 0.1 ms buckets, duplicates, gaps, each stream's highest offset seen by each
+// subscriber, errors, and this process's CPU seconds.
+// Usage: node fanout_load.mjs '<options as JSON>'
+//   base        http://host:port of the server
+//   transport   ws | sse | ds-sse | ds-lp
+//   streams     [{id, path}] the streams to follow
+//   subscribers how many subscribers of each stream
+//   seconds     how long to follow before leaving (the writers stop earlier)
+//   idle        true: open the connections, receive nothing, report after `seconds`
+import { performance } from "node:perf_hooks"
+import WebSocket from "ws"
+
+const o = JSON.parse(process.argv[2])
+const origin = o.base.replace(/^http/, "ws")
+const buckets = new Map() // 0.1 ms bucket -> deliveries
+let deliveries = 0
+let duplicates = 0
+let gaps = 0
+const errors = []
+const cpuStart = process.cpuUsage()
+
+function wallSeconds() {
+  return (performance.timeOrigin + performance.now()) / 1000
+}
+
+function delivered(written) {
+  const bucket = Math.max(0, Math.round((wallSeconds() - Number(written)) * 10000))
+  buckets.set(bucket, (buckets.get(bucket) || 0) + 1)
+  deliveries++
+}
+
+class Position {
+  constructor(index) {
+    this.index = index
+    this.next = 0
+  }
+
+  take(offset, data) {
+    if (offset < this.next) {
+      duplicates++
+      return
+    }
+    if (offset > this.next) gaps++
+    this.next = offset + 1
+    delivered(data)
+  }
+}
+
+function websocket(stream, position, deadline) {
+  return new Promise((resolve) => {
+    const ws = new WebSocket(`${origin}/ws/pgstreams/${stream.id}/?from=0`, {
+      perMessageDeflate: false,
+      headers: { Origin: o.base },
+    })
+    let acked = 0
+    let frame = null
+    let timer = null
+    const ack = () => {
+      timer = null
+      if (ws.readyState === WebSocket.OPEN && position.next > acked) {
+        ws.send(JSON.stringify({ type: "ack", frame }))
+        acked = position.next
+      }
+    }
+    const stop = setTimeout(() => ws.close(1000), Math.max(0, deadline - performance.now()))
+    ws.on("message", (raw) => {
+      const message = JSON.parse(raw)
+      if (message.type === "chunks") {
+        if (!o.idle) for (const item of message.items) position.take(item.offset, item.data)
+        frame = message.frame
+        if (position.next - acked >= 128) {
+          clearTimeout(timer)
+          ack()
+        } else if (!timer) timer = setTimeout(ack, 250)
+      } else if (message.type === "end") ws.close(1000)
+    })
+    ws.on("error", (error) => errors.length < 20 && errors.push(String(error)))
+    ws.on("close", () => {
+      clearTimeout(timer)
+      clearTimeout(stop)
+      resolve()
+    })
+  })
+}
+
+async function* events(response) {
+  // Server-Sent Events of a fetch response: [event, data] pairs.
+  const decoder = new TextDecoder()
+  let buffer = ""
+  for await (const part of response.body) {
+    buffer += decoder.decode(part, { stream: true })
+    let end
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, end)
+      buffer = buffer.slice(end + 2)
+      let event = "message"
+      const data = []
+      for (const line of block.split("\n")) {
+        if (line.startsWith("event:")) event = line.slice(6).trim()
+        else if (line.startsWith("data:")) data.push(line.slice(line.startsWith("data: ") ? 6 : 5))
+      }
+      if (data.length) yield [event, data.join("\n")]
+    }
+  }
+}
+
+async function sse(url, position, deadline, onEvent) {
+  const controller = new AbortController()
+  const stop = setTimeout(() => controller.abort(), Math.max(0, deadline - performance.now()))
+  try {
+    const response = await fetch(url, { signal: controller.signal })
+    for await (const [event, data] of events(response)) if (onEvent(event, data) === "end") break
+  } catch (error) {
+    if (error.name !== "AbortError" && errors.length < 20) errors.push(String(error))
+  } finally {
+    clearTimeout(stop)
+    controller.abort()
+  }
+}
+
+function pgstreamsSse(stream, position, deadline) {
+  return sse(`${o.base}/pgstreams/streams/${stream.id}/events?from=0`, position, deadline, (event, data) => {
+    if (event === "end") return "end"
+    if (event === "message" && !o.idle) {
+      const item = JSON.parse(data)
+      position.take(item.offset, item.data)
+    }
+  })
+}
+
+const START = "0000000000000000_0000000000000000"
+
+function durableSse(stream, position, deadline) {
+  let messages = []
+  const url = `${o.base}/pgstreams/v1/stream/${stream.path}?offset=${START}&live=sse`
+  return sse(url, position, deadline, (event, data) => {
+    if (event === "data") messages = JSON.parse(data)
+    else if (event === "control") {
+      const control = JSON.parse(data)
+      const end = Number(control.streamNextOffset.split("_")[0])
+      if (!o.idle) messages.forEach((m, i) => position.take(end - messages.length + i, m))
+      messages = []
+      if (control.streamClosed) return "end"
+    }
+  })
+}
+
+async function durableLongPoll(stream, position, deadline) {
+  let offset = START
+  while (performance.now() < deadline) {
+    try {
+      const url = `${o.base}/pgstreams/v1/stream/${stream.path}?offset=${offset}&live=long-poll`
+      const response = await fetch(url)
+      const body = response.status === 200 ? await response.json() : (await response.arrayBuffer(), [])
+      const next = response.headers.get("Stream-Next-Offset")
+      const end = Number(next.split("_")[0])
+      body.forEach((m, i) => position.take(end - body.length + i, m))
+      offset = next
+      if (response.headers.get("Stream-Closed") === "true") return
+    } catch (error) {
+      if (errors.length < 20) errors.push(String(error))
+      return
+    }
+  }
+}
+
+const follow = { ws: websocket, sse: pgstreamsSse, "ds-sse": durableSse, "ds-lp": durableLongPoll }[o.transport]
+const deadline = performance.now() + o.seconds * 1000
+const positions = []
+const followers = []
+o.streams.forEach((stream, index) => {
+  for (let k = 0; k < o.subscribers; k++) {
+    const position = new Position(index)
+    positions.push(position)
+    followers.push(follow(stream, position, deadline))
+  }
+})
+await Promise.all(followers)
+const cpu = process.cpuUsage(cpuStart)
+process.stdout.write(
+  JSON.stringify({
+    deliveries,
+    duplicates,
+    gaps,
+    histogram: Object.fromEntries(buckets),
+    highest: positions.map((p) => [p.index, p.next]),
+    errors,
+    cpu_seconds: (cpu.user + cpu.system) / 1e6,
+    rss_bytes: process.memoryUsage().rss,
+  })
+)
+process.exit(0)

@@ -1,0 +1,46 @@
+"""Shared encodings: a batch is encoded once for every subscriber that sends it, its delivery is
+counted once, and what is kept stays bounded."""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+
+from prometheus_client import REGISTRY
+
+from pgstreams import delivery
+from pgstreams.types import StreamChunk
+
+
+def batch(stream: uuid.UUID, first: int, n: int) -> list[StreamChunk]:
+    now = datetime.datetime.now(datetime.UTC)
+    return [StreamChunk(stream, offset, f"c{offset}", now) for offset in range(first, first + n)]
+
+
+def counted() -> float:
+    return REGISTRY.get_sample_value("pgstreams_delivery_seconds_count") or 0.0
+
+
+def test_a_batch_is_encoded_once_for_every_subscriber_and_counted_once() -> None:
+    encodings = delivery.Encodings()
+    stream, made = uuid.uuid4(), []
+
+    def encode(chunks) -> str:
+        made.append(len(chunks))
+        return ",".join(c.data for c in chunks)
+
+    before = counted()
+    first = [encodings.get("ws", batch(stream, 0, 3), encode) for _ in range(10)]  # ten subscribers
+    assert first == ["c0,c1,c2"] * 10 and made == [3] and counted() == before + 3
+    assert encodings.get("sse", batch(stream, 0, 3), encode) == "c0,c1,c2" and made == [3, 3]  # another kind
+    assert encodings.get("ws", batch(stream, 1, 2), encode) == "c1,c2" and made == [3, 3, 2]  # another range
+    assert encodings.get("ws", batch(uuid.uuid4(), 0, 3), encode) == "c0,c1,c2" and len(made) == 4
+
+
+def test_the_kept_encodings_are_bounded(monkeypatch) -> None:
+    monkeypatch.setattr(delivery, "ENTRIES", 5)
+    encodings = delivery.Encodings()
+    stream = uuid.uuid4()
+    for offset in range(20):
+        encodings.get("ws", batch(stream, offset, 1), len)
+    assert len(encodings._entries) == 5
