@@ -15,7 +15,7 @@ import json
 import multiprocessing
 import os
 import subprocess
-import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -30,11 +30,11 @@ import psutil
 from . import procs
 from .durable import NODE, _node
 from .run import boot
+from .servers import server_command
 from .ws import PeakMemory, _free_port, _wait_for_port
 
 ROOT = Path(__file__).resolve().parent.parent
 TRANSPORTS = ("ws", "sse", "ds-sse", "ds-lp")
-SERVERS = ("daphne", "uvicorn", "granian")
 SUBSCRIBERS_PER_NODE = 1000  # subscribers one Node process takes at most
 SETTLE = 2.0  # seconds between the subscribers' connecting and the first write
 DRAIN = 3.0  # seconds the subscribers stay after the last write
@@ -65,47 +65,32 @@ class FanoutConfig:
     idle: int = 0  # idle connections of each kind, on idle // 10 streams (0: no idle part)
 
 
-def server_command(server: str, app: str, port: int) -> list[str]:
-    """How each supported server serves an ASGI application on a loopback port, one process."""
-    if server == "daphne":
-        return [sys.executable, "-m", "daphne", "-v", "0", "-b", "127.0.0.1", "-p", str(port), app]
-    if server == "uvicorn":
-        return [
-            *(sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port)),
-            *("--ws", "websockets-sansio", "--http", "httptools", "--loop", "uvloop"),
-            *("--lifespan", "off", "--log-level", "warning"),
-        ]
-    if server == "granian":
-        return [
-            *(sys.executable, "-m", "granian", "--interface", "asgi", "--host", "127.0.0.1", "--port", str(port)),
-            *("--workers", "1", "--loop", "uvloop", "--log-level", "warning", app),
-        ]
-    raise ValueError(f"server must be one of {', '.join(SERVERS)}, not {server!r}")
-
-
 @contextmanager
 def serving(server: str, app: str) -> Iterator[tuple[str, psutil.Process]]:
     """One process of ``server`` serving ``app``; yields its base URL and its process."""
     port = _free_port()
     env = {**os.environ, "DEMO_OPEN_DURABLE_STREAMS": "1"}
-    proc = subprocess.Popen(
-        server_command(server, app, port), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(server_command(server, app, port), cwd=ROOT, env=env, stdout=log, stderr=log)
 
-    class Alive:
-        def is_alive(self) -> bool:
-            return proc.poll() is None
+        class Alive:
+            def is_alive(self) -> bool:
+                return proc.poll() is None
 
-    try:
-        _wait_for_port(port, Alive())
-        yield f"http://127.0.0.1:{port}", psutil.Process(proc.pid)
-    finally:
-        proc.terminate()
         try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+            try:
+                _wait_for_port(port, Alive())
+            except RuntimeError:
+                log.seek(0)
+                raise RuntimeError(f"{server} did not start: {log.read()[-2000:].decode(errors='replace')}") from None
+            yield f"http://127.0.0.1:{port}", psutil.Process(proc.pid)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
 
 
 def _cpu(process: psutil.Process) -> float:

@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from channels.consumer import get_handler_name
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.sessions import InstanceSessionWrapper
 from django.core.exceptions import PermissionDenied
@@ -79,6 +80,17 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
         self.send_raw = _unwrapped(self.base_send)
         self.pump = asyncio.create_task(self.send_chunks(), name=f"pgstreams-ws-{self.stream_id}")
         metrics.websocket_clients.inc()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """Channels' consumer loop without a channel layer (this consumer joins no group, and a
+        layer's channel per socket costs memory and a task per message) and without a task per
+        message from the client: they are read and dispatched in turn."""
+        self.scope = scope
+        self.channel_layer = None
+        self.base_send = send
+        with contextlib.suppress(StopConsumer):
+            while True:
+                await self.dispatch(await receive())
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         """Channels' dispatch without its ``close_old_connections`` before every message: that is

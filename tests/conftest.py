@@ -19,6 +19,7 @@ from asgiref.sync import SyncToAsync
 from django.db import connection, connections
 from django.db.backends.base.creation import TEST_DATABASE_PREFIX
 
+from bench.servers import SERVERS, server_command
 from pgstreams import appender, listener, notify, threads
 from tests.helpers import ROOT, free_port, subprocess_database_url
 
@@ -147,13 +148,25 @@ def demo_server() -> Iterator[str]:
         yield host
 
 
+@pytest.fixture(params=SERVERS)
+def any_server(request) -> Iterator[str]:
+    """The demo's ASGI application under each supported server in turn (daphne, uvicorn, granian),
+    on a free loopback port, against the test database, with its Durable Streams endpoint open to
+    anyone (DEMO_OPEN_DURABLE_STREAMS=1). The test's id names the server."""
+    port = free_port()
+    command = server_command(request.param, "demo_project.asgi:application", port)
+    with serving(command, port, env={"DEMO_OPEN_DURABLE_STREAMS": "1"}) as host:
+        yield host
+
+
 @pytest.fixture
 def open_durable_server() -> Iterator[str]:
     """The demo's ASGI application under daphne on a free loopback port, against the test
     database, with its Durable Streams endpoint open to anyone (DEMO_OPEN_DURABLE_STREAMS=1)."""
     port = free_port()
-    command = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "demo_project.asgi:application"]
-    with serving(command, port, env={"DEMO_OPEN_DURABLE_STREAMS": "1"}) as host:
+    with serving(
+        server_command("daphne", "demo_project.asgi:application", port), port, env={"DEMO_OPEN_DURABLE_STREAMS": "1"}
+    ) as host:
         yield host
 
 
@@ -162,9 +175,7 @@ def uvicorn_server() -> Iterator[str]:
     """The demo's ASGI application under uvicorn (its websockets implementation, which applies
     backpressure) on a free loopback port, against the test database."""
     port = free_port()
-    command = [sys.executable, "-m", "uvicorn", "demo_project.asgi:application", "--host", "127.0.0.1"]
-    command += ["--port", str(port), "--ws", "websockets-sansio", "--lifespan", "off", "--log-level", "warning"]
-    with serving(command, port) as host:
+    with serving(server_command("uvicorn", "demo_project.asgi:application", port), port) as host:
         yield host
 
 

@@ -383,20 +383,21 @@ def _sse_data(json_mode: bool, binary: bool, chunks: Sequence[StreamChunk]) -> b
 
 
 async def _events(read: store.Read, cursor: str) -> AsyncIterator[bytes]:
-    """A data event for each batch, each followed by its control event; a control event first
-    when there is nothing to send yet; the last one says the stream is closed, if it is. Ends
-    after SSE_SECONDS or SSE_BYTES, after a control event."""
+    """A data event for each batch with its control event, written together (a reader never
+    sees one without the other: the protocol's suite counts on it); a control event first when
+    there is nothing to send yet; the last one says the stream is closed, if it is. Ends after
+    SSE_SECONDS or SSE_BYTES, after a control event."""
     state = read.state
     json_mode, binary = state.json_mode, state.binary
     position = read.start
     at_end = state.closed and read.up_to_date
     sent = 0
+    data = b""
     if read.chunks:
         data = wire.sse_data(read.chunks, json_mode=json_mode, binary=binary)
         sent += len(data)
-        yield data
         position = read.end
-    yield wire.sse_control(position, cursor_value=cursor, up_to_date=read.up_to_date, closed=at_end)
+    yield data + wire.sse_control(position, cursor_value=cursor, up_to_date=read.up_to_date, closed=at_end)
     if at_end or sent >= SSE_BYTES:
         return
     metrics.sse_clients.inc()
@@ -411,11 +412,11 @@ async def _events(read: store.Read, cursor: str) -> AsyncIterator[bytes]:
                         f"ds-sse/{json_mode}/{binary}", progress.chunks, partial(_sse_data, json_mode, binary)
                     )
                     sent += len(data)
-                    yield data
                     position = progress.chunks[-1].offset + 1
-                    yield wire.sse_control(
+                    control = wire.sse_control(
                         position, cursor_value=cursor, up_to_date=progress.caught_up, closed=progress.closed
                     )
+                    yield data + control
                     if progress.closed:
                         return
                 if time.monotonic() >= deadline or sent >= SSE_BYTES:

@@ -9,12 +9,13 @@ from django.core.management.base import BaseCommand, CommandError
 
 from bench.durable import DurableConfig, run_durable
 from bench.durable import table as durable_table
-from bench.fanout import SERVERS, TRANSPORTS, FanoutConfig, Shape, run_fanout
+from bench.fanout import TRANSPORTS, FanoutConfig, Shape, run_fanout
 from bench.fanout import table as fanout_table
 from bench.llm import LlmConfig, run_llm
 from bench.llm_procs import APPEND_METHODS, METHODS
 from bench.report import plot, table
 from bench.run import MODES, Config, run
+from bench.servers import SERVERS
 
 
 class Command(BaseCommand):

@@ -1,0 +1,110 @@
+"""The WebSocket and SSE contracts over real sockets, under each supported server (daphne, uvicorn,
+granian): resume by offset, the close codes, flow control (a client that acks nothing gets one
+window; acks that name no frame read are refused), authorization, and the end of a stream. The
+Durable Streams side is the official suite, in test_durable.py, under each server too."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+import websockets
+from asgiref.sync import sync_to_async
+from django.contrib.auth import get_user_model
+
+import pgstreams
+from pgstreams.consumers import WINDOW_CHUNKS
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess]
+
+
+async def follow(host: str, path: str, *, ack: bool = True, limit: int | None = None) -> tuple[list, dict, int | None]:
+    """A WebSocket client as pgstreams.js is: the items it got, its last message, the close code."""
+    got: list = []
+    last: dict = {}
+    async with websockets.connect(f"ws://{host}{path}", origin=f"http://{host}", open_timeout=20) as ws:
+        try:
+            async for raw in ws:
+                last = json.loads(raw)
+                if last["type"] == "chunks":
+                    got.extend((item["offset"], item["data"]) for item in last["items"])
+                    if ack:
+                        await ws.send(json.dumps({"type": "ack", "frame": last["frame"]}))
+                    if limit is not None and len(got) >= limit:
+                        break
+                elif last["type"] == "end":
+                    break
+        except websockets.ConnectionClosed:
+            pass
+    return got, last, ws.close_code
+
+
+async def test_websocket_resume_end_and_close_codes(any_server: str) -> None:
+    s = await pgstreams.acreate_stream()
+    await pgstreams.awrite_many(s.id, [f"c{i}" for i in range(50)])
+    await pgstreams.aclose(s.id)
+    got, last, _ = await asyncio.wait_for(follow(any_server, f"/ws/pgstreams/{s.id}/?from=0"), 30)
+    assert got == [(i, f"c{i}") for i in range(50)] and last == {"type": "end", "next_offset": 50}
+    resumed, _, _ = await asyncio.wait_for(follow(any_server, f"/ws/pgstreams/{s.id}/?from=30"), 30)
+    assert [o for o, _ in resumed] == list(range(30, 50))
+    owner = await sync_to_async(get_user_model().objects.create_user)("owner")
+    private = await pgstreams.acreate_stream(owner=owner)
+    codes = []
+    for path in (
+        "/ws/pgstreams/00000000-0000-4000-8000-000000000000/",
+        f"/ws/pgstreams/{s.id}/?from=x",
+        f"/ws/pgstreams/{private.id}/",
+    ):
+        _, message, code = await asyncio.wait_for(follow(any_server, path), 30)
+        codes.append((message.get("code"), code))
+    assert codes == [(4404, 4404), (4400, 4400), (4403, 4403)]
+
+
+async def test_websocket_flow_control_holds_one_window_and_refuses_a_lying_ack(any_server: str) -> None:
+    s = await pgstreams.acreate_stream()
+    for start in range(0, 2 * WINDOW_CHUNKS, 256):
+        await pgstreams.awrite_many(s.id, [f"{i}" for i in range(start, start + 256)])
+    async with websockets.connect(
+        f"ws://{any_server}/ws/pgstreams/{s.id}/", origin=f"http://{any_server}", open_timeout=20
+    ) as ws:
+        got, frames = 0, []
+        try:
+            while True:  # bounded: the server stops sending once the window is full
+                message = json.loads(await asyncio.wait_for(ws.recv(), 2.0))
+                got += len(message["items"])
+                frames.append(message["frame"])
+        except TimeoutError:
+            pass
+        assert got == WINDOW_CHUNKS  # one window, not more, without acks
+        await ws.send(json.dumps({"type": "ack", "frame": frames[-1]}))
+        more = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        assert more["items"][0]["offset"] == WINDOW_CHUNKS  # an ack of a frame read opens it
+        await ws.send(json.dumps({"type": "ack", "frame": "0" * 16}))  # names no frame it read
+        refused = json.loads(await asyncio.wait_for(_next_error(ws), 10))
+        assert refused["code"] == 4400
+    assert ws.close_code == 4400
+
+
+async def _next_error(ws) -> str:
+    while True:  # bounded by the caller's wait_for
+        raw = await ws.recv()
+        if json.loads(raw)["type"] == "error":
+            return raw
+
+
+async def test_sse_resumes_after_last_event_id_and_refuses_others_streams(any_server: str) -> None:
+    s = await pgstreams.acreate_stream()
+    await pgstreams.awrite_many(s.id, [f"e{i}" for i in range(20)])
+    await pgstreams.aclose(s.id)
+    owner = await sync_to_async(get_user_model().objects.create_user)("sse-owner")
+    private = await pgstreams.acreate_stream(owner=owner)
+    base = f"http://{any_server}/pgstreams/streams"
+    async with httpx.AsyncClient(timeout=20) as client:
+        body = (await client.get(f"{base}/{s.id}/events", headers={"Last-Event-ID": "14"})).text
+        refused = await client.get(f"{base}/{private.id}/events")
+        missing = await client.get(f"{base}/00000000-0000-4000-8000-000000000000/events")
+    ids = [int(line[4:]) for line in body.splitlines() if line.startswith("id: ")]
+    assert ids == list(range(15, 20)) and "event: end" in body
+    assert (refused.status_code, missing.status_code) == (403, 404)
