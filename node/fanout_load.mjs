@@ -182,16 +182,15 @@ o.streams.forEach((stream, index) => {
 })
 await Promise.all(followers)
 const cpu = process.cpuUsage(cpuStart)
-process.stdout.write(
-  JSON.stringify({
-    deliveries,
-    duplicates,
-    gaps,
-    histogram: Object.fromEntries(buckets),
-    highest: positions.map((p) => [p.index, p.next]),
-    errors,
-    cpu_seconds: (cpu.user + cpu.system) / 1e6,
-    rss_bytes: process.memoryUsage().rss,
-  })
-)
-process.exit(0)
+const report = JSON.stringify({
+  deliveries,
+  duplicates,
+  gaps,
+  histogram: Object.fromEntries(buckets),
+  highest: positions.map((p) => [p.index, p.next]),
+  errors,
+  cpu_seconds: (cpu.user + cpu.system) / 1e6,
+  rss_bytes: process.memoryUsage().rss,
+})
+// Exit once the report is written out: a pipe takes it in parts, and exit() would cut it short.
+process.stdout.write(report, () => process.exit(0))
