@@ -1,8 +1,11 @@
 """The WebSocket consumer: sends one stream's chunks to a browser, resumable by offset.
 
-It reads through this process's shared listener (``aread_batches``), so a thousand sockets do
-not open a thousand database connections; it runs no SQL of its own beyond the authorization
-lookup. The protocol is described in the README.
+It reads through this process's shared listener (``afollow``), so a thousand sockets do not
+open a thousand database connections, until it is at its stream's tail; from then on the
+stream's fan in this event loop delivers to it, with every other socket there at the tail
+(``delivery``): one step through each round for them all, the frame's items encoded once, each
+frame sent without waiting. It runs no SQL of its own beyond the authorization lookup, and
+sends its frames past Channels' session wrapper. The protocol is described in the README.
 
 Flow control: the server keeps at most ``WINDOW_CHUNKS`` chunks or ``WINDOW_BYTES`` bytes (of
 frames, counted exactly) sent but not acknowledged. An ack names a frame by the random id the
@@ -23,7 +26,7 @@ import logging
 import os
 import uuid
 from collections import deque
-from typing import Any
+from typing import Any, Final
 from urllib.parse import parse_qs
 
 from channels.consumer import get_handler_name
@@ -36,7 +39,7 @@ from . import delivery, metrics, protocol
 from .auth import readable_stream
 from .exceptions import ChunksPruned, StreamError, StreamNotFound
 from .protocol import BAD_REQUEST, FORBIDDEN, NOT_FOUND, PRUNED, SERVER_ERROR, TOO_SLOW
-from .reader import aread_batches
+from .reader import afollow
 from .types import StreamChunk
 
 logger = logging.getLogger("pgstreams.consumers")
@@ -47,6 +50,11 @@ FRAME_BYTES = 256 * 1024  # a batch larger than this is split over several frame
 ACK_TIMEOUT = 60.0
 FRAME_ID_BYTES = 8  # random bytes of a frame's id (sent as hex), which the client's ack names
 MAX_CLIENT_FRAME = 1024  # bytes; the only client message is a small ack
+
+
+# What send_while_window_open() stops at, besides the stream's end.
+FULL: Final = "the window is full"
+CAUGHT_UP: Final = "at the stream's tail"
 
 
 class StreamConsumer(AsyncJsonWebsocketConsumer):
@@ -78,6 +86,8 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
         # The bytes of a chunks frame around its items: the same for every frame of this socket.
         self.envelope = len(protocol.chunks_frame("0" * 2 * FRAME_ID_BYTES, self.stream_id, ""))
         self.send_raw = _unwrapped(self.base_send)
+        self.sending: asyncio.Task[None] | None = None  # a frame's send that had to wait
+        self.outbox: deque[dict[str, Any]] = deque()  # frames to send after it
         self.pump = asyncio.create_task(self.send_chunks(), name=f"pgstreams-ws-{self.stream_id}")
         metrics.websocket_clients.inc()
 
@@ -113,9 +123,23 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
     # -- server to client ----------------------------------------------------------------------
 
     async def send_chunks(self) -> None:
+        """The socket's pump: reads by itself until it is at the stream's tail, then lets the
+        stream's fan deliver (``delivery.follow``) until the fan hands it back: its window is
+        full (it waits for acks), it fell behind, or the stream ended."""
         try:
-            while not await self.send_while_window_open():
-                await self.window_open()
+            while True:
+                state = await self.send_while_window_open()
+                if state is FULL:
+                    await self.window_open()
+                    continue
+                if state is CAUGHT_UP:
+                    state = await delivery.follow(self.stream_id, self)
+                    if state is None:
+                        continue
+                if isinstance(state, BaseException):
+                    raise state
+                break  # the end
+            await self.flushed()
             await self.send_json(protocol.end_frame(self.position))
             await self.drained()
             await self.close(code=1000)
@@ -131,21 +155,33 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
             logger.warning("pgstreams: closing WebSocket on stream %s: %s", self.stream_id, exc)
             await self.refuse(SERVER_ERROR, f"{exc}; reconnect with ?from={self.position}")
 
-    async def send_while_window_open(self) -> bool:
-        """Send frames from ``position`` until the window is full (False) or the stream has
-        ended (True). What was read but does not fit is dropped, not held: it is read again
-        from the listener once the client makes room."""
-        async with contextlib.aclosing(aread_batches(self.stream_id, from_offset=self.position)) as batches:
-            async for batch in batches:
+    async def send_while_window_open(self) -> object:
+        """Send frames from ``position`` until the window is full (FULL), the socket has caught up
+        with the stream's tail (CAUGHT_UP) or the stream has ended (``delivery.END``). What was
+        read but does not fit is dropped, not held: it is read again once the client makes room."""
+        async with contextlib.aclosing(afollow(self.stream_id, from_offset=self.position)) as batches:
+            async for progress in batches:
+                batch = progress.chunks
                 while batch:
                     if self.window_full():
-                        return False
-                    batch = await self.send_frame(batch)
+                        return FULL
+                    batch = self.send_frame(batch)
+                if progress.closed:
+                    return delivery.END
+                if progress.caught_up:
+                    return CAUGHT_UP
+        return delivery.END
+
+    def take(self, chunks: list[StreamChunk]) -> bool:
+        """``delivery.Follower``: send a round's chunks in one frame, if the window takes them all."""
+        if self.window_full() or self.send_frame(chunks):
+            return False
         return True
 
-    async def send_frame(self, batch: list[StreamChunk]) -> list[StreamChunk]:
+    def send_frame(self, batch: list[StreamChunk]) -> list[StreamChunk]:
         """Send the first chunks of ``batch`` that fit the window in one frame; return the rest.
-        A whole batch that fits goes as the items every subscriber at it sends (``delivery``)."""
+        A whole batch that fits goes as the items every subscriber at it sends (``delivery``).
+        The frame is sent without waiting, after those sent before it."""
         frame = _frame_ids.next()
         max_items = WINDOW_CHUNKS - (self.position - self.acked_to)
         max_bytes = min(FRAME_BYTES, WINDOW_BYTES - self.unacked_bytes) - self.envelope
@@ -162,8 +198,34 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
         size = self.envelope + items_bytes
         self.unacked.append((frame, self.position, size))
         self.unacked_bytes += size
-        await self.send_raw({"type": "websocket.send", "text": protocol.chunks_frame(frame, self.stream_id, items)})
+        self.send_soon({"type": "websocket.send", "text": protocol.chunks_frame(frame, self.stream_id, items)})
         return batch[len(sent) :]
+
+    def send_soon(self, message: dict[str, Any]) -> None:
+        """Send ``message`` now if nothing waits to be sent before it, else after it; never wait
+        (a slow client's server may make a send wait, and a fan delivers to many sockets)."""
+        if self.sending is not None:
+            self.outbox.append(message)
+            return
+        try:
+            self.sending = delivery.start(self.send_raw(message))
+        except Exception:  # the socket is going: its disconnect ends this consumer
+            return
+        if self.sending is not None:
+            self.sending.add_done_callback(self._sent)
+
+    def _sent(self, task: asyncio.Task[None]) -> None:
+        self.sending = None
+        if task.cancelled() or task.exception() is not None:
+            self.outbox.clear()
+            return
+        while self.outbox and self.sending is None:
+            self.send_soon(self.outbox.popleft())
+
+    async def flushed(self) -> None:
+        """Wait until every frame sent so far has left (before a message sent the usual way)."""
+        while self.sending is not None:
+            await asyncio.wait([self.sending])
 
     def window_full(self) -> bool:
         return self.position - self.acked_to >= WINDOW_CHUNKS or self.unacked_bytes >= WINDOW_BYTES

@@ -3,6 +3,12 @@ stream in one process that are at the same place (a live stream's followers all 
 same encoded bytes, made by the first of them to ask and kept for the others; and the delivery
 metrics are counted once per batch, not once per subscriber.
 
+A subscriber at its stream's tail can also be followed for by the stream's fan in its event
+loop (``follow``): one task per stream and loop that steps through each round once and hands
+the chunks to every follower at them, in one pass, each sending without waiting (``start``). A
+follower whose window is full, or that falls behind, is handed back and reads by itself until
+it catches up again.
+
 An encoding is keyed by its kind (a WebSocket frame's items, an SSE event run, a Durable Streams
 body), the stream and the batch's first and last offsets: a chunk never changes once committed,
 so an entry is right for as long as it is kept. At most ``ENTRIES`` are kept, the oldest go
@@ -12,11 +18,13 @@ and acks, its position. No SQL, no socket and no thread of its own.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from typing import Any, Final, TypeVar
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Final, Protocol, TypeVar
 
 from . import metrics
 from .types import StreamChunk
@@ -70,3 +78,120 @@ class Encodings:
 
 encodings = Encodings()
 shared = encodings.get
+
+
+# -- live followers ------------------------------------------------------------------------------
+
+
+class Follower(Protocol):
+    """A subscriber that the fan of its stream delivers to while it is at the stream's tail."""
+
+    position: int
+
+    def take(self, chunks: list[StreamChunk]) -> bool:
+        """Send ``chunks`` (they start at ``position``) without waiting; False if it cannot take
+        them now (its window is full): the fan hands it back."""
+        ...
+
+
+class _End:
+    """The stream is closed, and the follower has every chunk of it."""
+
+
+END: Final = _End()
+# Why a fan hands a follower back: None (on its own again, from its position), END, or the error.
+Handback = _End | BaseException | None
+
+
+class _Fan:
+    """One stream's followers in one event loop, and the one task that follows the stream's tail
+    for them all: a round's chunks are fetched and stepped through once, and handed to each
+    follower at them, in one pass."""
+
+    def __init__(self, stream_id: uuid.UUID, position: int, fans: dict[uuid.UUID, _Fan]) -> None:
+        from .reader import afollow  # the read path imports this module
+
+        self.stream_id, self.position, self._fans = stream_id, position, fans
+        self.followers: dict[Follower, asyncio.Future[Handback]] = {}
+        self._afollow = afollow
+        self.task = asyncio.get_running_loop().create_task(self._run(), name=f"pgstreams-fan-{stream_id}")
+
+    async def _run(self) -> None:
+        outcome: Handback = END
+        try:
+            async with contextlib.aclosing(self._afollow(self.stream_id, from_offset=self.position)) as batches:
+                async for progress in batches:
+                    chunks = progress.chunks
+                    for follower in list(self.followers):
+                        if follower.position != chunks[0].offset or not follower.take(chunks):
+                            self.hand_back(follower, None)
+                    self.position = chunks[-1].offset + 1
+                    if not self.followers:
+                        return
+        except asyncio.CancelledError:
+            outcome = None
+            raise
+        except Exception as exc:  # the stream deleted or pruned, the listener stopped
+            outcome = exc
+        finally:
+            if self._fans.get(self.stream_id) is self:
+                del self._fans[self.stream_id]
+            if not self._fans:
+                _fans.pop(asyncio.get_running_loop(), None)
+            for follower in list(self.followers):
+                self.hand_back(follower, outcome)
+
+    def hand_back(self, follower: Follower, why: Handback) -> None:
+        future = self.followers.pop(follower, None)
+        if future is not None and not future.done():
+            future.set_result(why)
+        if not self.followers and not self.task.done():
+            self.task.cancel()
+
+
+_fans: dict[asyncio.AbstractEventLoop, dict[uuid.UUID, _Fan]] = {}  # each loop's, while it has any
+
+
+async def follow(stream_id: uuid.UUID, follower: Follower) -> Handback:
+    """Deliver ``stream_id``'s chunks to ``follower`` through its stream's fan in this event loop,
+    from ``follower.position`` (where it caught up with the tail), until the fan hands it back:
+    None (it is to go on by itself: its window is full, or it is not where the fan is), END, or
+    the error that ended the stream's reading. Cancelled, it leaves the fan."""
+    loop = asyncio.get_running_loop()
+    fans = _fans.setdefault(loop, {})
+    fan = fans.get(stream_id)
+    if fan is None or fan.task.done():
+        fan = fans[stream_id] = _Fan(stream_id, follower.position, fans)
+    elif fan.position != follower.position:
+        return None  # not where this fan is: the follower reads by itself
+    future = fan.followers[follower] = loop.create_future()
+    try:
+        return await future
+    finally:
+        fan.hand_back(follower, None)
+
+
+def start(coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[None] | None:
+    """Run ``coroutine`` now, until it first waits: None if it finished (a server's send mostly
+    does: daphne's always, uvicorn's unless its client is slow), else the task that finishes it,
+    so that a fan never waits for one follower's socket. Its exception, if it raised at once,
+    propagates."""
+    try:
+        awaited = coroutine.send(None)
+    except StopIteration:
+        return None
+    return asyncio.get_running_loop().create_task(_finish(coroutine, awaited))
+
+
+async def _finish(coroutine: Coroutine[Any, Any, Any], awaited: Any) -> None:
+    """Go on with a coroutine that ``start()`` ran until it waited on ``awaited``."""
+    while True:
+        if awaited is None:  # a bare yield (asyncio.sleep(0))
+            await asyncio.sleep(0)
+        else:
+            with contextlib.suppress(BaseException):  # the coroutine gets it when it goes on
+                await awaited
+        try:
+            awaited = coroutine.send(None)
+        except StopIteration:
+            return
