@@ -39,7 +39,7 @@ from . import delivery, metrics, protocol
 from .auth import readable_stream
 from .exceptions import ChunksPruned, StreamError, StreamNotFound
 from .protocol import BAD_REQUEST, FORBIDDEN, NOT_FOUND, PRUNED, SERVER_ERROR, TOO_SLOW
-from .reader import afollow
+from .reader import Progress, afollow
 from .types import StreamChunk
 
 logger = logging.getLogger("pgstreams.consumers")
@@ -172,11 +172,9 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
                     return CAUGHT_UP
         return delivery.END
 
-    def take(self, chunks: list[StreamChunk]) -> bool:
+    def take(self, progress: Progress) -> bool:
         """``delivery.Follower``: send a round's chunks in one frame, if the window takes them all."""
-        if self.window_full() or self.send_frame(chunks):
-            return False
-        return True
+        return not (self.window_full() or self.send_frame(progress.chunks))
 
     def send_frame(self, batch: list[StreamChunk]) -> list[StreamChunk]:
         """Send the first chunks of ``batch`` that fit the window in one frame; return the rest.

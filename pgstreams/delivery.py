@@ -19,20 +19,25 @@ and acks, its position. No SQL, no socket and no thread of its own.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any, Final, Protocol, TypeVar
 
 from . import metrics
+from .reader import Progress
+from .reader import afollow as read_by_itself
 from .types import StreamChunk
 
 T = TypeVar("T")
 
 # Encodings kept: a few rounds' worth for every stream a process follows.
 ENTRIES: Final = 8192
+# Chunks a fan leaves for a reader that takes them itself, at most.
+INBOX_CHUNKS: Final = 1024
 
 Key = tuple[str, uuid.UUID, int, int]
 
@@ -88,9 +93,9 @@ class Follower(Protocol):
 
     position: int
 
-    def take(self, chunks: list[StreamChunk]) -> bool:
-        """Send ``chunks`` (they start at ``position``) without waiting; False if it cannot take
-        them now (its window is full): the fan hands it back."""
+    def take(self, progress: Progress) -> bool:
+        """Send ``progress.chunks`` (they start at ``position``) without waiting; False if it
+        cannot take them now (its window is full): the fan hands it back."""
         ...
 
 
@@ -109,21 +114,18 @@ class _Fan:
     follower at them, in one pass."""
 
     def __init__(self, stream_id: uuid.UUID, position: int, fans: dict[uuid.UUID, _Fan]) -> None:
-        from .reader import afollow  # the read path imports this module
-
         self.stream_id, self.position, self._fans = stream_id, position, fans
         self.followers: dict[Follower, asyncio.Future[Handback]] = {}
-        self._afollow = afollow
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"pgstreams-fan-{stream_id}")
 
     async def _run(self) -> None:
         outcome: Handback = END
         try:
-            async with contextlib.aclosing(self._afollow(self.stream_id, from_offset=self.position)) as batches:
+            async with contextlib.aclosing(read_by_itself(self.stream_id, from_offset=self.position)) as batches:
                 async for progress in batches:
                     chunks = progress.chunks
                     for follower in list(self.followers):
-                        if follower.position != chunks[0].offset or not follower.take(chunks):
+                        if follower.position != chunks[0].offset or not follower.take(progress):
                             self.hand_back(follower, None)
                     self.position = chunks[-1].offset + 1
                     if not self.followers:
@@ -152,11 +154,12 @@ class _Fan:
 _fans: dict[asyncio.AbstractEventLoop, dict[uuid.UUID, _Fan]] = {}  # each loop's, while it has any
 
 
-async def follow(stream_id: uuid.UUID, follower: Follower) -> Handback:
-    """Deliver ``stream_id``'s chunks to ``follower`` through its stream's fan in this event loop,
-    from ``follower.position`` (where it caught up with the tail), until the fan hands it back:
-    None (it is to go on by itself: its window is full, or it is not where the fan is), END, or
-    the error that ended the stream's reading. Cancelled, it leaves the fan."""
+def join(stream_id: uuid.UUID, follower: Follower) -> asyncio.Future[Handback] | None:
+    """Have ``stream_id``'s fan in this event loop deliver to ``follower`` from
+    ``follower.position`` (where it caught up with the tail); the future says when and why the
+    fan hands it back: None (it is to go on by itself: its window is full, or it fell behind),
+    END, or the error that ended the stream's reading. None at once if the fan is elsewhere in
+    the stream. ``leave()`` when done with it."""
     loop = asyncio.get_running_loop()
     fans = _fans.setdefault(loop, {})
     fan = fans.get(stream_id)
@@ -165,10 +168,94 @@ async def follow(stream_id: uuid.UUID, follower: Follower) -> Handback:
     elif fan.position != follower.position:
         return None  # not where this fan is: the follower reads by itself
     future = fan.followers[follower] = loop.create_future()
+    return future
+
+
+def leave(stream_id: uuid.UUID, follower: Follower) -> None:
+    fan = _fans.get(asyncio.get_running_loop(), {}).get(stream_id)
+    if fan is not None:
+        fan.hand_back(follower, None)
+
+
+async def follow(stream_id: uuid.UUID, follower: Follower) -> Handback:
+    """``join()``, then wait to be handed back (None at once if the fan is elsewhere)."""
+    future = join(stream_id, follower)
+    if future is None:
+        return None
     try:
         return await future
     finally:
-        fan.hand_back(follower, None)
+        leave(stream_id, follower)
+
+
+class _Inbox:
+    """A follower for a reader that takes its batches itself (a streaming response's body):
+    the fan leaves them here, and wakes it; at most INBOX_CHUNKS wait (a reader that does not
+    come for them is handed back, and reads by itself)."""
+
+    def __init__(self, position: int) -> None:
+        self.position = position
+        self.batches: collections.deque[Progress] = collections.deque()
+        self.waiting = 0
+        self.arrived = asyncio.Event()
+
+    def take(self, progress: Progress) -> bool:
+        if self.waiting + len(progress.chunks) > INBOX_CHUNKS:
+            return False
+        self.waiting += len(progress.chunks)
+        self.batches.append(progress)
+        self.position = progress.chunks[-1].offset + 1
+        self.arrived.set()
+        return True
+
+
+async def afollow(stream_id: uuid.UUID, *, from_offset: int = 0, idle: float | None = None) -> AsyncIterator[Progress]:
+    """``reader.afollow()`` (with ``idle``) for a response's body: it reads by itself until it is
+    at the stream's tail, then takes what the stream's fan hands out there, with every other
+    subscriber at the tail in this event loop; back by itself when the fan hands it back."""
+    position = from_offset
+    while True:
+        async with contextlib.aclosing(read_by_itself(stream_id, from_offset=position, idle=idle)) as batches:
+            async for progress in batches:
+                yield progress
+                if progress.chunks:
+                    position = progress.chunks[-1].offset + 1
+                if progress.closed:
+                    return
+                if progress.chunks and progress.caught_up:
+                    break
+            else:
+                return
+        inbox = _Inbox(position)
+        handback = join(stream_id, inbox)
+        if handback is None:
+            continue
+        try:
+            while True:
+                while inbox.batches:
+                    progress = inbox.batches.popleft()
+                    inbox.waiting -= len(progress.chunks)
+                    yield progress
+                    if progress.closed:
+                        return
+                if handback.done():
+                    break
+                inbox.arrived.clear()
+                waiting = asyncio.ensure_future(inbox.arrived.wait())
+                try:
+                    done, _ = await asyncio.wait([waiting, handback], timeout=idle, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    waiting.cancel()
+                if not done:
+                    yield Progress([], caught_up=True, closed=False)  # idle: a keepalive
+        finally:
+            leave(stream_id, inbox)
+        why = handback.result()
+        if isinstance(why, BaseException):
+            raise why
+        if why is END:
+            return
+        position = inbox.position
 
 
 def start(coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[None] | None:

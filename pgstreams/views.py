@@ -14,8 +14,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, Strea
 
 from . import conf, delivery, metrics, protocol
 from .auth import readable_stream
-from .exceptions import ChunksPruned, ReadTimeout, StreamNotFound
-from .reader import aread_batches
+from .exceptions import ChunksPruned, StreamNotFound
 from .types import StreamChunk
 
 # Seconds of silence after which a comment line keeps proxies from closing the connection.
@@ -82,36 +81,36 @@ def _sse_events(chunks: Sequence[StreamChunk]) -> bytes:
 
 
 async def _events(stream_id: uuid.UUID, position: int) -> AsyncIterator[bytes]:
+    """The stream's chunks as events from ``position``, through the stream's fan once at its
+    tail (``delivery.afollow``), a comment after KEEPALIVE seconds of silence; ends after about
+    RESPONSE_BYTES (the client resumes from Last-Event-ID), or with an ``end`` or ``error``."""
     yield protocol.SSE_RETRY
     sent = 0
-    while True:
-        try:
-            async with contextlib.aclosing(
-                aread_batches(stream_id, from_offset=position, timeout=KEEPALIVE)
-            ) as batches:
-                async for batch in batches:
-                    events = delivery.shared("sse", batch, _sse_events)
-                    if sent + len(events) < RESPONSE_BYTES:  # as every subscriber at this batch sends it
-                        yield events
-                        position = batch[-1].offset + 1
-                        sent += len(events)
-                        continue
-                    payload = bytearray()
-                    for chunk in batch:
-                        payload += protocol.sse_chunk(chunk)
-                        position = chunk.offset + 1
-                        if sent + len(payload) >= RESPONSE_BYTES:
-                            break
-                    yield bytes(payload)
-                    return  # the client resumes from Last-Event-ID
-        except ReadTimeout:
-            yield protocol.SSE_KEEPALIVE
-            continue
-        except StreamNotFound:
-            yield protocol.sse_error("the stream was deleted")
-            return
-        except ChunksPruned as exc:
-            yield protocol.sse_error(str(exc), first_offset=exc.first_offset)
-            return
-        yield protocol.sse_end(position)
+    try:
+        async with contextlib.aclosing(delivery.afollow(stream_id, from_offset=position, idle=KEEPALIVE)) as batches:
+            async for progress in batches:
+                batch = progress.chunks
+                if not batch:
+                    yield protocol.SSE_KEEPALIVE
+                    continue
+                events = delivery.shared("sse", batch, _sse_events)
+                if sent + len(events) < RESPONSE_BYTES:  # as every subscriber at this batch sends it
+                    yield events
+                    position = batch[-1].offset + 1
+                    sent += len(events)
+                    continue
+                payload = bytearray()
+                for chunk in batch:
+                    payload += protocol.sse_chunk(chunk)
+                    position = chunk.offset + 1
+                    if sent + len(payload) >= RESPONSE_BYTES:
+                        break
+                yield bytes(payload)
+                return  # the client resumes from Last-Event-ID
+    except StreamNotFound:
+        yield protocol.sse_error("the stream was deleted")
         return
+    except ChunksPruned as exc:
+        yield protocol.sse_error(str(exc), first_offset=exc.first_offset)
+        return
+    yield protocol.sse_end(position)

@@ -403,7 +403,7 @@ async def _events(read: store.Read, cursor: str) -> AsyncIterator[bytes]:
     metrics.sse_clients.inc()
     deadline = time.monotonic() + SSE_SECONDS
     try:
-        async with contextlib.aclosing(afollow(state.id, from_offset=position, idle=KEEPALIVE)) as batches:
+        async with contextlib.aclosing(delivery.afollow(state.id, from_offset=position, idle=KEEPALIVE)) as batches:
             async for progress in batches:
                 if not progress.chunks:
                     yield wire.SSE_KEEPALIVE
