@@ -196,8 +196,7 @@ class Writers:
 
 
 def main(worker: Worker) -> None:
-    writers = Writers(worker)
-    writers.streams.refresh_sync()
+    writers = Writers(worker)  # the streams are read by each thread as it starts (the server may be down)
     threads = [
         writers.thread("tx", writers.tx),
         writers.thread("producer", writers.producer),
