@@ -11,8 +11,10 @@ it catches up again.
 
 An encoding is keyed by its kind (a WebSocket frame's items, an SSE event run, a Durable Streams
 body), the stream and the batch's first and last offsets: a chunk never changes once committed,
-so an entry is right for as long as it is kept. At most ``ENTRIES`` are kept, the oldest go
-first. What is per subscriber stays with each endpoint: its window and flow control, frame ids
+so an entry is right for as long as it is kept. At most ``ENTRIES`` are kept, of at most
+``ENTRIES_BYTES`` of chunk data in all, the oldest go first: sharing is between subscribers at
+the same place at about the same time, so a little is enough, and a reader far behind the others
+costs no memory for them. What is per subscriber stays with each endpoint: its window and flow control, frame ids
 and acks, its position. No SQL, no socket and no thread of its own.
 """
 
@@ -34,8 +36,10 @@ from .types import StreamChunk
 
 T = TypeVar("T")
 
-# Encodings kept: a few rounds' worth for every stream a process follows.
+# Encodings kept: a few rounds' worth for every stream a process follows, and of at most this
+# much chunk data (an encoding is about as large as its chunks).
 ENTRIES: Final = 8192
+ENTRIES_BYTES: Final = 8 << 20
 # Chunks a fan leaves for a reader that takes them itself, at most.
 INBOX_CHUNKS: Final = 1024
 
@@ -45,10 +49,10 @@ Key = tuple[str, uuid.UUID, int, int]
 class Encoded:
     """One batch's encoding and whether its delivery was counted."""
 
-    __slots__ = ("value", "counted")
+    __slots__ = ("value", "size", "counted")
 
-    def __init__(self, value: Any) -> None:
-        self.value = value
+    def __init__(self, value: Any, size: int) -> None:
+        self.value, self.size = value, size
         self.counted = False
 
 
@@ -58,6 +62,7 @@ class Encodings:
     def __init__(self) -> None:
         self._entries: OrderedDict[Key, Encoded] = OrderedDict()
         self._lock = threading.Lock()
+        self._bytes = 0  # the kept entries' chunk data
         self.made = 0  # encodings made, and
         self.shared = 0  # encodings served to a second subscriber or more
 
@@ -69,12 +74,15 @@ class Encodings:
         if entry is not None:
             self.shared += 1
         else:
-            entry = Encoded(make(chunks))
-            with self._lock:
-                entry = self._entries.setdefault(key, entry)
-                if len(self._entries) > ENTRIES:
-                    self._entries.popitem(last=False)
+            entry = Encoded(make(chunks), sum(len(chunk.data) for chunk in chunks))
             self.made += 1
+            with self._lock:
+                kept = self._entries.setdefault(key, entry)
+                if kept is entry:
+                    self._bytes += entry.size
+                    while len(self._entries) > ENTRIES or self._bytes > ENTRIES_BYTES:
+                        self._bytes -= self._entries.popitem(last=False)[1].size
+                entry = kept
         if not entry.counted:
             entry.counted = True
             metrics.observe_delivery(chunks)

@@ -72,7 +72,7 @@ def test_ctrl_c_stops_tail_quietly() -> None:
     pgstreams.write(s.id, "first")
     env = {**os.environ, "DATABASE_URL": subprocess_database_url()}
     proc = subprocess.Popen(
-        [sys.executable, "manage.py", "pgstreams_tail", str(s.id)],
+        [sys.executable, "-X", "faulthandler", "manage.py", "pgstreams_tail", str(s.id)],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -81,7 +81,11 @@ def test_ctrl_c_stops_tail_quietly() -> None:
     )
     assert proc.stdout.read(5) == "first"
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=15)
+    try:
+        _, err = proc.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)  # faulthandler prints where every thread is
+        pytest.fail(f"pgstreams_tail did not stop within 15 s of Ctrl-C:\n{proc.communicate(timeout=15)[1]}")
     assert proc.returncode == 0 and "Traceback" not in err
 
 

@@ -44,3 +44,16 @@ def test_the_kept_encodings_are_bounded(monkeypatch) -> None:
     for offset in range(20):
         encodings.get("ws", batch(stream, offset, 1), len)
     assert len(encodings._entries) == 5
+
+
+def test_the_kept_encodings_hold_a_bounded_amount_of_chunk_data(monkeypatch) -> None:
+    monkeypatch.setattr(delivery, "ENTRIES_BYTES", 1000)
+    encodings = delivery.Encodings()
+    stream, now = uuid.uuid4(), datetime.datetime.now(datetime.UTC)
+    for offset in range(0, 100, 10):  # ten batches of ten 30-character chunks: 3,000 characters
+        chunks = [StreamChunk(stream, o, "x" * 30, now) for o in range(offset, offset + 10)]
+        assert encodings.get("ws", chunks, lambda c: "".join(x.data for x in c)) == "x" * 300
+    assert len(encodings._entries) == 3 and encodings._bytes == 900
+    huge = [StreamChunk(stream, 100, "y" * 5000, now)]
+    assert encodings.get("ws", huge, lambda c: len(c[0].data)) == 5000  # handed out, not kept
+    assert not encodings._entries and encodings._bytes == 0
