@@ -170,15 +170,6 @@ def open_durable_server() -> Iterator[str]:
         yield host
 
 
-@pytest.fixture
-def uvicorn_server() -> Iterator[str]:
-    """The demo's ASGI application under uvicorn (its websockets implementation, which applies
-    backpressure) on a free loopback port, against the test database."""
-    port = free_port()
-    with serving(server_command("uvicorn", "demo_project.asgi:application", port), port) as host:
-        yield host
-
-
 @pytest.fixture(scope="session")
 def replica(django_db_blocker) -> Iterator[tuple[Any, str, str]]:
     """A primary and a synchronous streaming standby (bench.replica), migrated and in
