@@ -8,6 +8,7 @@ import time
 
 import psycopg
 import pytest
+from asgiref.sync import sync_to_async
 from django.db import connection
 from django.test import override_settings
 
@@ -40,6 +41,7 @@ def test_own_connections_carry_the_liveness_limits_and_the_alias_options_win() -
 async def test_a_query_past_the_deadline_is_cut_off_without_waiting_for_the_server() -> None:
     with override_settings(PGSTREAMS={"QUERY_TIMEOUT": 0.3}):
         conn = await db.aconnect("default", "test")
+        backend = conn.info.backend_pid
         started = time.monotonic()
         with pytest.raises(db.QueryTimeout, match="within 0.3 s"):
             async with db.deadline(conn, "sleeping"):
@@ -47,11 +49,13 @@ async def test_a_query_past_the_deadline_is_cut_off_without_waiting_for_the_serv
         took = time.monotonic() - started
         await conn.close()
     assert took < 10  # not the 30 s of the query
+    await sync_to_async(end_backend)(backend)
 
 
 def test_a_blocking_query_past_the_deadline_is_cut_off_by_the_watchdog() -> None:
     with override_settings(PGSTREAMS={"QUERY_TIMEOUT": 0.3}):
         with db.connect("default", "test") as conn:
+            backend = conn.info.backend_pid
             started = time.monotonic()
             with pytest.raises(db.QueryTimeout, match="within 0.3 s"), db.watched(conn, "sleeping"):
                 conn.execute("SELECT pg_sleep(30)")
@@ -59,6 +63,14 @@ def test_a_blocking_query_past_the_deadline_is_cut_off_by_the_watchdog() -> None
             with pytest.raises(psycopg.OperationalError), db.watched(conn, "after"):
                 conn.execute("SELECT 1")  # severed: the caller opens another
     assert took < 10  # not the 30 s of the query
+    end_backend(backend)
+
+
+def end_backend(pid: int) -> None:
+    """End the backend still sleeping for a connection the client cut off (the server goes on
+    with a query until it next talks to its client), so that it outlives no test."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
 
 
 @pytest.mark.usefixtures("fresh_listener")
