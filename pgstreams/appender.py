@@ -198,11 +198,12 @@ class Appender:
         batch = _without_broken_chains(batch)
         if not batch:
             return
+        mode = conf.notify_mode()  # once: the NOTIFY in the transaction and the one after agree
         deadline = time.monotonic() + conf.connect_timeout() + conf.query_timeout()
         backoff = db.Backoff()
         while True:
             try:
-                results, marks = self._transaction(batch)
+                results, marks = self._transaction(batch, mode)
                 break
             except _Misfits as misfits:  # rare: fail them, and send the others without them
                 _settle(misfits.items, misfits.errors)
@@ -231,11 +232,11 @@ class Appender:
         if not marks:
             return
         try:  # after the callers know: a failure here must not turn a commit into an error
-            writer.committed(conf.notify_mode(), marks, sum(isinstance(r, int) for r in results))
+            writer.committed(mode, marks, sum(isinstance(r, int) for r in results))
         except Exception:
             logger.exception("pgstreams: could not announce an append batch; readers' polling will")
 
-    def _transaction(self, batch: list[_Item]) -> tuple[list[Result], list[Mark]]:
+    def _transaction(self, batch: list[_Item], mode: str) -> tuple[list[Result], list[Mark]]:
         """One try at committing ``batch``: each item's result (OutcomeUnknown for all when
         nobody can tell) and the marks of the streams written. Raises _NotCommitted when the
         batch certainly did not commit and may be sent again, and the DatabaseError the
@@ -254,7 +255,7 @@ class Appender:
                 offsets, marks = _offsets(batch, rows)
                 unwritten = [item.stream_id for item, offset in zip(batch, offsets, strict=True) if offset is None]
                 states = dict(conn.execute(STATE_SQL, [unwritten]).fetchall()) if unwritten else {}
-                if marks and conf.notify_mode() == "per_write":
+                if marks and mode == "per_write":
                     conn.execute(NOTIFY_SQL, (conf.channel(), notify.pack(marks)))
         except _Misfits:
             self._after_failure(self._conn)

@@ -5,6 +5,7 @@ commit that got no answer is resolved."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 import uuid
 
@@ -219,6 +220,29 @@ def test_notifications_go_out_once_per_batch() -> None:
     print(f"200 appends to 10 streams: {batches} batches, {len(notes)} notifications")
     assert len(notes) == batches < 200
     assert {m.stream_id: m.next_offset for m in marks} == dict.fromkeys(streams, 20)
+
+
+def test_a_batch_announced_in_the_transaction_is_not_announced_again_after_it() -> None:
+    """NOTIFY_MODE is read once per batch: the setting changing while a batch commits (here, as
+    its caller gets the offset, which is before the batch is announced) must not send a
+    per_write batch's notification a second time through the buffered flusher."""
+    sid = pgstreams.create_stream().id
+    per_write = override_settings(PGSTREAMS={"NOTIFY_MODE": "per_write"})
+    per_write.enable()
+    future: concurrent.futures.Future[int] = concurrent.futures.Future()
+    future.add_done_callback(lambda _: per_write.disable())  # back to "buffered", the default
+    try:
+        with psycopg.connect(**db.connect_kwargs(conf.database(), "test")) as listen:
+            listen.execute("LISTEN pgstreams")
+            appender.appender(conf.database()).submit(appender._Item(sid, "x", future, None))
+            assert future.result(timeout=10) == 0
+            notes = heard(listen, [sid], until=lambda notes: len(notes) >= 1, linger=0.5)
+    finally:
+        if not future.done():
+            per_write.disable()
+        notify.stop_flusher()
+    print(f"notifications of a per_write batch whose mode changed as it committed: {len(notes)}")
+    assert [[(m.next_offset, m.closed) for m in n.marks] for n in notes] == [[(1, False)]]
 
 
 def test_a_commit_without_answer_is_resolved_by_asking_the_database() -> None:
