@@ -12,7 +12,8 @@ frames, counted exactly) sent but not acknowledged. An ack names a frame by the 
 frame carried (``{"type": "ack", "frame": id}``), so only a client that has read that frame off
 its socket can acknowledge it: a client that acks without reading holds one window of the
 server's memory, whatever the ASGI server buffers. While the window is full the consumer holds
-no chunk it has not sent (it reads again from its position once acks arrive), and a client
+no chunk it has not sent (it reads again from its position once acks arrive; frames waiting for
+a slow server's send to take them count in the window), and a client
 silent for ``ACK_TIMEOUT`` seconds with its window full is closed with 4408 and may resume by
 offset.
 """
@@ -88,6 +89,7 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
         self.send_raw = _unwrapped(self.base_send)
         self.sending: asyncio.Task[None] | None = None  # a frame's send that had to wait
         self.outbox: deque[dict[str, Any]] = deque()  # frames to send after it
+        self.broken = False  # a send failed: nothing more goes out
         self.pump = asyncio.create_task(self.send_chunks(), name=f"pgstreams-ws-{self.stream_id}")
         metrics.websocket_clients.inc()
 
@@ -117,6 +119,8 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
             metrics.websocket_clients.dec()
 
     async def refuse(self, code: int, message: str, **details: Any) -> None:
+        if self.pump is not None:
+            await self.flushed()  # the frames before it, which the error frame's offsets count
         await self.send_json(protocol.error_frame(code, message, **details))
         await self.close(code=code)
 
@@ -125,7 +129,7 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
     async def send_chunks(self) -> None:
         """The socket's pump: reads by itself until it is at the stream's tail, then lets the
         stream's fan deliver (``delivery.follow``) until the fan hands it back: its window is
-        full (it waits for acks), it fell behind, or the stream ended."""
+        full (it waits for acks), it fell behind, the stream ended or its reading failed."""
         try:
             while True:
                 state = await self.send_while_window_open()
@@ -137,7 +141,7 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
                     if state is None:
                         continue
                 if isinstance(state, BaseException):
-                    raise state
+                    raise delivery.reraised(state)
                 break  # the end
             await self.flushed()
             await self.send_json(protocol.end_frame(self.position))
@@ -161,11 +165,8 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
         read but does not fit is dropped, not held: it is read again once the client makes room."""
         async with contextlib.aclosing(afollow(self.stream_id, from_offset=self.position)) as batches:
             async for progress in batches:
-                batch = progress.chunks
-                while batch:
-                    if self.window_full():
-                        return FULL
-                    batch = self.send_frame(batch)
+                if not self.send_what_fits(progress.chunks):
+                    return FULL
                 if progress.closed:
                     return delivery.END
                 if progress.caught_up:
@@ -173,19 +174,32 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
         return delivery.END
 
     def take(self, progress: Progress) -> bool:
-        """``delivery.Follower``: send a round's chunks in one frame, if the window takes them all."""
-        return not (self.window_full() or self.send_frame(progress.chunks))
+        """``delivery.Follower``: send a round's chunks, if the window takes them all."""
+        return self.send_what_fits(progress.chunks)
+
+    def send_what_fits(self, batch: list[StreamChunk]) -> bool:
+        """Send ``batch`` in frames while the window has room; False if it filled first."""
+        while batch:
+            if self.window_full():
+                return False
+            batch = self.send_frame(batch)
+        return True
 
     def send_frame(self, batch: list[StreamChunk]) -> list[StreamChunk]:
         """Send the first chunks of ``batch`` that fit the window in one frame; return the rest.
-        A whole batch that fits goes as the items every subscriber at it sends (``delivery``).
-        The frame is sent without waiting, after those sent before it."""
+        A whole batch that fits goes as the items every subscriber at it sends (``delivery``);
+        a frame of a batch split to fit is this socket's own (and counted by it). The frame is
+        sent without waiting, after those sent before it."""
         frame = _frame_ids.next()
         max_items = WINDOW_CHUNKS - (self.position - self.acked_to)
         max_bytes = min(FRAME_BYTES, WINDOW_BYTES - self.unacked_bytes) - self.envelope
-        items, items_bytes = delivery.shared("ws", batch, protocol.batch_items)
+        # Its data's length is less than its items' bytes: a batch longer than that is split.
+        fits = len(batch) <= max_items and sum(len(chunk.data) for chunk in batch) <= max_bytes
+        if fits:
+            items, items_bytes = delivery.shared("ws", batch, protocol.batch_items)
+            fits = items_bytes <= max_bytes
         sent = batch
-        if len(batch) > max_items or items_bytes > max_bytes:
+        if not fits:
             parts = protocol.frame_items(batch, max_items, max_bytes)
             sent = batch[: len(parts)]
             items = ",".join(parts)
@@ -201,24 +215,35 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
 
     def send_soon(self, message: dict[str, Any]) -> None:
         """Send ``message`` now if nothing waits to be sent before it, else after it; never wait
-        (a slow client's server may make a send wait, and a fan delivers to many sockets)."""
+        (a slow client's server may make a send wait, and a fan delivers to many sockets). After
+        a send fails nothing more is sent: the frames after a lost one would leave a gap."""
         if self.sending is not None:
             self.outbox.append(message)
             return
+        if self.broken:
+            return
         try:
             self.sending = delivery.start(self.send_raw(message))
-        except Exception:  # the socket is going: its disconnect ends this consumer
-            return
+        except Exception as exc:
+            return self.send_failed(exc)
         if self.sending is not None:
             self.sending.add_done_callback(self._sent)
 
     def _sent(self, task: asyncio.Task[None]) -> None:
         self.sending = None
         if task.cancelled() or task.exception() is not None:
-            self.outbox.clear()
-            return
-        while self.outbox and self.sending is None:
+            return self.send_failed(task.exception() if not task.cancelled() else None)
+        while self.outbox and self.sending is None and not self.broken:
             self.send_soon(self.outbox.popleft())
+
+    def send_failed(self, error: BaseException | None) -> None:
+        """A frame did not go out (the socket is going, mostly): stop sending and end the pump;
+        the client resumes by offset, from what it acknowledged."""
+        logger.debug("pgstreams: a send failed on stream %s: %r", self.stream_id, error)
+        self.broken = True
+        self.outbox.clear()
+        if self.pump is not None:
+            self.pump.cancel()
 
     async def flushed(self) -> None:
         """Wait until every frame sent so far has left (before a message sent the usual way)."""

@@ -1,21 +1,22 @@
 """What the endpoints send of a stream's chunks, made once per process: the subscribers of one
 stream in one process that are at the same place (a live stream's followers all are) get the
 same encoded bytes, made by the first of them to ask and kept for the others; and the delivery
-metrics are counted once per batch, not once per subscriber.
+metrics are counted by that first one, not once per subscriber.
 
 A subscriber at its stream's tail can also be followed for by the stream's fan in its event
 loop (``follow``): one task per stream and loop that steps through each round once and hands
 the chunks to every follower at them, in one pass, each sending without waiting (``start``). A
 follower whose window is full, or that falls behind, is handed back and reads by itself until
-it catches up again.
+it catches up again; every follower is handed back when the stream ends or its reading fails.
 
 An encoding is keyed by its kind (a WebSocket frame's items, an SSE event run, a Durable Streams
 body), the stream and the batch's first and last offsets: a chunk never changes once committed,
 so an entry is right for as long as it is kept. At most ``ENTRIES`` are kept, of at most
-``ENTRIES_BYTES`` of chunk data in all, the oldest go first: sharing is between subscribers at
-the same place at about the same time, so a little is enough, and a reader far behind the others
-costs no memory for them. What is per subscriber stays with each endpoint: its window and flow control, frame ids
-and acks, its position. No SQL, no socket and no thread of its own.
+``ENTRIES_BYTES`` of chunk data in all (an encoding is a small multiple of that: base64 is 4/3,
+JSON escapes more), the oldest go first: sharing is between subscribers at the same place at
+about the same time, so a little is enough, and a reader far behind the others costs them no
+memory. What is per subscriber stays with each endpoint: its window and flow control, frame ids
+and acks, its position. No SQL and no thread: the fans are tasks in their subscribers' loops.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import contextlib
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any, Final, Protocol, TypeVar
 
 from . import metrics
@@ -37,11 +38,12 @@ from .types import StreamChunk
 T = TypeVar("T")
 
 # Encodings kept: a few rounds' worth for every stream a process follows, and of at most this
-# much chunk data (an encoding is about as large as its chunks).
+# much chunk data in all.
 ENTRIES: Final = 8192
 ENTRIES_BYTES: Final = 8 << 20
-# Chunks a fan leaves for a reader that takes them itself, at most.
+# What a fan leaves for a reader that takes its batches itself, at most (beyond one batch).
 INBOX_CHUNKS: Final = 1024
+INBOX_BYTES: Final = 1 << 20
 
 Key = tuple[str, uuid.UUID, int, int]
 
@@ -103,7 +105,8 @@ class Follower(Protocol):
 
     def take(self, progress: Progress) -> bool:
         """Send ``progress.chunks`` (they start at ``position``) without waiting; False if it
-        cannot take them now (its window is full): the fan hands it back."""
+        cannot take them all now (its window is full: it may have taken the first ones, its
+        position says): the fan hands it back."""
         ...
 
 
@@ -121,26 +124,34 @@ class _Fan:
     for them all: a round's chunks are fetched and stepped through once, and handed to each
     follower at them, in one pass."""
 
-    def __init__(self, stream_id: uuid.UUID, position: int, fans: dict[uuid.UUID, _Fan]) -> None:
-        self.stream_id, self.position, self._fans = stream_id, position, fans
+    def __init__(self, stream_id: uuid.UUID, first: Follower, fans: dict[uuid.UUID, _Fan]) -> None:
+        self.stream_id, self.position, self._fans = stream_id, first.position, fans
         self.followers: dict[Follower, asyncio.Future[Handback]] = {}
+        self.first = self.add(first)  # before the task starts, however eagerly a loop starts tasks
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"pgstreams-fan-{stream_id}")
 
+    def add(self, follower: Follower) -> asyncio.Future[Handback]:
+        future = self.followers[follower] = asyncio.get_running_loop().create_future()
+        return future
+
     async def _run(self) -> None:
-        outcome: Handback = END
+        outcome: Handback = None  # cancelled (no follower left), or ended by something else
         try:
             async with contextlib.aclosing(read_by_itself(self.stream_id, from_offset=self.position)) as batches:
                 async for progress in batches:
                     chunks = progress.chunks
                     for follower in list(self.followers):
-                        if follower.position != chunks[0].offset or not follower.take(progress):
+                        try:
+                            took = follower.position == chunks[0].offset and follower.take(progress)
+                        except Exception as exc:  # that follower's failure, not its stream's
+                            self.hand_back(follower, exc)
+                            continue
+                        if not took:
                             self.hand_back(follower, None)
                     self.position = chunks[-1].offset + 1
                     if not self.followers:
                         return
-        except asyncio.CancelledError:
-            outcome = None
-            raise
+            outcome = END
         except Exception as exc:  # the stream deleted or pruned, the listener stopped
             outcome = exc
         finally:
@@ -168,15 +179,14 @@ def join(stream_id: uuid.UUID, follower: Follower) -> asyncio.Future[Handback] |
     fan hands it back: None (it is to go on by itself: its window is full, or it fell behind),
     END, or the error that ended the stream's reading. None at once if the fan is elsewhere in
     the stream. ``leave()`` when done with it."""
-    loop = asyncio.get_running_loop()
-    fans = _fans.setdefault(loop, {})
+    fans = _fans.setdefault(asyncio.get_running_loop(), {})
     fan = fans.get(stream_id)
-    if fan is None or fan.task.done():
-        fan = fans[stream_id] = _Fan(stream_id, follower.position, fans)
-    elif fan.position != follower.position:
+    if fan is None or fan.task.done() or fan.task.cancelling():
+        fan = fans[stream_id] = _Fan(stream_id, follower, fans)
+        return fan.first
+    if fan.position != follower.position:
         return None  # not where this fan is: the follower reads by itself
-    future = fan.followers[follower] = loop.create_future()
-    return future
+    return fan.add(follower)
 
 
 def leave(stream_id: uuid.UUID, follower: Follower) -> None:
@@ -198,23 +208,32 @@ async def follow(stream_id: uuid.UUID, follower: Follower) -> Handback:
 
 class _Inbox:
     """A follower for a reader that takes its batches itself (a streaming response's body):
-    the fan leaves them here, and wakes it; at most INBOX_CHUNKS wait (a reader that does not
-    come for them is handed back, and reads by itself)."""
+    the fan leaves them here, and wakes it; at most INBOX_CHUNKS chunks and INBOX_BYTES of their
+    data wait, beyond one batch (a reader that does not come for them is handed back, and reads
+    by itself)."""
 
     def __init__(self, position: int) -> None:
         self.position = position
-        self.batches: collections.deque[Progress] = collections.deque()
-        self.waiting = 0
+        self.batches: collections.deque[tuple[Progress, int]] = collections.deque()  # and its data's size
+        self.chunks = self.bytes = 0  # waiting
         self.arrived = asyncio.Event()
 
     def take(self, progress: Progress) -> bool:
-        if self.waiting + len(progress.chunks) > INBOX_CHUNKS:
+        size = sum(len(chunk.data) for chunk in progress.chunks)
+        if self.batches and (self.chunks + len(progress.chunks) > INBOX_CHUNKS or self.bytes + size > INBOX_BYTES):
             return False
-        self.waiting += len(progress.chunks)
-        self.batches.append(progress)
+        self.chunks += len(progress.chunks)
+        self.bytes += size
+        self.batches.append((progress, size))
         self.position = progress.chunks[-1].offset + 1
         self.arrived.set()
         return True
+
+    def next(self) -> Progress:
+        progress, size = self.batches.popleft()
+        self.chunks -= len(progress.chunks)
+        self.bytes -= size
+        return progress
 
 
 async def afollow(stream_id: uuid.UUID, *, from_offset: int = 0, idle: float | None = None) -> AsyncIterator[Progress]:
@@ -241,8 +260,7 @@ async def afollow(stream_id: uuid.UUID, *, from_offset: int = 0, idle: float | N
         try:
             while True:
                 while inbox.batches:
-                    progress = inbox.batches.popleft()
-                    inbox.waiting -= len(progress.chunks)
+                    progress = inbox.next()
                     yield progress
                     if progress.closed:
                         return
@@ -260,33 +278,44 @@ async def afollow(stream_id: uuid.UUID, *, from_offset: int = 0, idle: float | N
             leave(stream_id, inbox)
         why = handback.result()
         if isinstance(why, BaseException):
-            raise why
+            raise reraised(why)
         if why is END:
             return
         position = inbox.position
 
 
-def start(coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[None] | None:
-    """Run ``coroutine`` now, until it first waits: None if it finished (a server's send mostly
-    does: daphne's always, uvicorn's unless its client is slow), else the task that finishes it,
-    so that a fan never waits for one follower's socket. Its exception, if it raised at once,
-    propagates."""
+def reraised(error: BaseException) -> BaseException:
+    """``error``, which a fan hands to each of its followers, to be raised afresh by each: without
+    the tracebacks of those that raised it before (each raise would add its own to them)."""
+    return error.with_traceback(None)
+
+
+def start(send: Awaitable[Any]) -> asyncio.Task[None] | None:
+    """Run ``send`` now, until it first waits: None if it finished (a server's send mostly does:
+    daphne's always, uvicorn's and granian's unless their client is slow), else the task that
+    finishes it, so that a fan never waits for one follower's socket. An exception it raises at
+    once propagates; one it raises later is the task's. It is stepped as ``await`` steps it,
+    with ``next()``: granian's sends are iterators that have no ``send()``."""
+    steps = send.__await__()
     try:
-        awaited = coroutine.send(None)
+        awaited = next(steps)
     except StopIteration:
         return None
-    return asyncio.get_running_loop().create_task(_finish(coroutine, awaited))
+    return asyncio.get_running_loop().create_task(_finish(steps, awaited))
 
 
-async def _finish(coroutine: Coroutine[Any, Any, Any], awaited: Any) -> None:
-    """Go on with a coroutine that ``start()`` ran until it waited on ``awaited``."""
+async def _finish(steps: Iterator[Any], awaited: Any) -> None:
+    """Go on with an awaitable that ``start()`` ran until it waited on ``awaited`` (a future, or
+    None for a bare yield). Each step resumes it as its event loop would: the future it waited
+    on is done, and it takes the result or the exception from there; this task's cancellation
+    cancels that future, so it reaches the awaitable the same way."""
     while True:
-        if awaited is None:  # a bare yield (asyncio.sleep(0))
+        if awaited is None:
             await asyncio.sleep(0)
         else:
-            with contextlib.suppress(BaseException):  # the coroutine gets it when it goes on
+            with contextlib.suppress(BaseException):  # the awaitable gets it from the future
                 await awaited
         try:
-            awaited = coroutine.send(None)
+            awaited = next(steps)
         except StopIteration:
             return
