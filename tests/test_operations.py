@@ -71,14 +71,21 @@ def test_ctrl_c_stops_tail_quietly() -> None:
     s = pgstreams.create_stream()
     pgstreams.write(s.id, "first")
     env = {**os.environ, "DATABASE_URL": subprocess_database_url()}
-    proc = subprocess.Popen(
-        [sys.executable, "-X", "faulthandler", "manage.py", "pgstreams_tail", str(s.id)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    # Where this process ignores SIGINT (a shell's background job does, and its children inherit
+    # that through exec: Python then installs no KeyboardInterrupt), a handler of its own makes
+    # the child start with the default, as a command typed at a terminal does.
+    ignored = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-X", "faulthandler", "manage.py", "pgstreams_tail", str(s.id)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    finally:
+        signal.signal(signal.SIGINT, ignored)
     assert proc.stdout.read(5) == "first"
     proc.send_signal(signal.SIGINT)
     try:
