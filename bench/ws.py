@@ -7,6 +7,7 @@ Streams have no owner, so the clients need no session; the project's ALLOWED_HOS
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import socket
@@ -40,7 +41,8 @@ def _wait_for_port(port: int, server: Any, timeout: float = 60) -> None:
 
 
 class PeakMemory(threading.Thread):
-    """Samples a process's resident memory every 50 ms and keeps the highest."""
+    """Samples the resident memory of a process and its children (a server's workers: granian
+    runs the application in one) every 50 ms and keeps the highest sum."""
 
     def __init__(self, pid: int) -> None:
         super().__init__(name="pgstreams-bench-memory", daemon=True)
@@ -51,9 +53,14 @@ class PeakMemory(threading.Thread):
     def run(self) -> None:
         while not self.stop.wait(0.05):
             try:
-                self.peak = max(self.peak, self.process.memory_info().rss)
+                children = self.process.children(recursive=True)
+                rss = self.process.memory_info().rss
             except psutil.Error:
                 return
+            for child in children:
+                with contextlib.suppress(psutil.Error):  # a child may be gone already
+                    rss += child.memory_info().rss
+            self.peak = max(self.peak, rss)
 
 
 def run_ws(config: Config, say: Callable[[str], None] = print) -> dict[str, Any]:
