@@ -1,7 +1,8 @@
 """Idempotent producers: the check a write by (producer id, epoch, seq) passes before it is
 stored, and the state it leaves, both in the write's own transaction, so that a write retried
-after a lost answer is recognised instead of stored twice. Used by ``write()`` and the Durable
-Streams endpoint; the caller holds the stream's row lock, which serialises a producer's writes.
+after a lost answer is recognised instead of stored twice. Used by ``write()`` and the append
+path (``batch``, for ``append()`` and the Durable Streams endpoint alike); the caller holds the
+stream's row lock, which serialises a producer's writes.
 
 Epochs fence old instances of a producer (a lower epoch is refused); within an epoch, seq counts
 the producer's batches from 0 and a batch at or below the last one is a duplicate.
@@ -32,24 +33,28 @@ def checked(producer: Any) -> Producer:
 
 
 def check(cursor: Any, stream_id: Any, producer: Producer) -> tuple[int, int] | None:
-    """None when ``producer`` names its next batch; (epoch, highest seq written) when this batch
-    was written already.
+    """``judge()`` against the state the stream holds for ``producer``'s id."""
+    cursor.execute(
+        "SELECT epoch, seq FROM pgstreams_producer WHERE stream_id = %s AND producer_id = %s",
+        [stream_id, producer.id],
+    )
+    return judge(cursor.fetchone(), producer)
+
+
+def judge(state: tuple[int, int] | None, producer: Producer) -> tuple[int, int] | None:
+    """None when ``producer`` names its next batch after ``state`` (the (epoch, seq) last written
+    by its id, or None); (epoch, highest seq written) when this batch was written already.
 
     Raises:
         ProducerFenced: an older epoch than the stream has seen from this producer.
         ProducerGap: a seq past the next one (a new producer starts at 0).
         ValueError: a new epoch that does not start at seq 0.
     """
-    cursor.execute(
-        "SELECT epoch, seq FROM pgstreams_producer WHERE stream_id = %s AND producer_id = %s",
-        [stream_id, producer.id],
-    )
-    row = cursor.fetchone()
-    if row is None:
+    if state is None:
         if producer.seq != 0:
             raise ProducerGap(producer.id, producer.seq, 0)
         return None
-    epoch, seq = row
+    epoch, seq = state
     if producer.epoch < epoch:
         raise ProducerFenced(producer.id, producer.epoch, epoch)
     if producer.epoch > epoch:

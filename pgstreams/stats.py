@@ -58,3 +58,4 @@ class AppenderStats(_Stats):
     retries: int = 0  # batches sent again after they certainly did not commit
     resolved: int = 0  # batches whose commit got no answer, found committed
     splits: int = 0  # batches split because the database refused them whole
+    cpu_seconds: float = 0.0  # the appender thread's CPU time

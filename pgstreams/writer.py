@@ -199,16 +199,13 @@ def after_commit(alias: str, mode: str, mark: Mark, written: int) -> None:
     (``committed``) and, when ``mark`` says it closed the stream, send ``stream_closed``."""
     transaction.on_commit(partial(committed, mode, [mark], written), using=alias)
     if mark.closed:
-        transaction.on_commit(
-            partial(
-                signals.stream_closed.send,
-                sender=Stream,
-                stream_id=mark.stream_id,
-                next_offset=mark.next_offset,
-                using=alias,
-            ),
-            using=alias,
-        )
+        transaction.on_commit(partial(announce_closed, alias, [mark]), using=alias)
+
+
+def announce_closed(alias: str, marks: list[Mark]) -> None:
+    """Send ``stream_closed`` for each of ``marks``, streams whose closing has committed."""
+    for mark in marks:
+        signals.stream_closed.send(sender=Stream, stream_id=mark.stream_id, next_offset=mark.next_offset, using=alias)
 
 
 def committed(mode: str, marks: list[Mark], written: int) -> None:

@@ -15,7 +15,8 @@ from django.db import connection, transaction
 from django.test import override_settings
 
 import pgstreams
-from pgstreams import appender, conf, db, listener, notify
+from pgstreams import appender, conf, db, listener, notify, resolution
+from pgstreams import batch as batches
 from pgstreams.models import Chunk, Stream
 from tests.helpers import Rollback, heard
 
@@ -52,8 +53,9 @@ def test_an_append_is_not_part_of_the_callers_transaction() -> None:
     s = pgstreams.create_stream()
     with pytest.raises(Rollback), transaction.atomic():
         pgstreams.write(s.id, "rolled back")
-        # The appender's own connection waits for the row lock that write() holds; so this
-        # append runs in another thread, and commits once the transaction has rolled back.
+        # The appender finds the stream's row held by this transaction and keeps the append for
+        # a later batch; so it runs in another thread, and commits once the transaction has
+        # rolled back.
         result: list[int] = []
         thread = threading.Thread(target=lambda: result.append(pgstreams.append(s.id, "kept")))
         thread.start()
@@ -109,7 +111,7 @@ def test_a_closed_or_unknown_stream_fails_only_its_own_appends() -> None:
         results = asyncio.run(together())
     assert (stats() - before).batches == 2
     assert results[0::3] == [1, 2, 3]
-    assert all(isinstance(r, pgstreams.StreamClosed) and "was closed at" in str(r) for r in results[1::3])
+    assert all(isinstance(r, pgstreams.StreamClosed) and "was closed" in str(r) for r in results[1::3])
     assert all(isinstance(r, pgstreams.StreamNotFound) and str(unknown) in str(r) for r in results[2::3])
     assert stored(good) == [(0, "first"), (1, "0"), (2, "1"), (3, "2")] and stored(closed) == []
 
@@ -234,7 +236,7 @@ def test_a_batch_announced_in_the_transaction_is_not_announced_again_after_it() 
     try:
         with psycopg.connect(**db.connect_kwargs(conf.database(), "test")) as listen:
             listen.execute("LISTEN pgstreams")
-            appender.appender(conf.database()).submit(appender._Item(sid, "x", future, None))
+            appender.appender(conf.database()).submit(batches.Append(sid, future, data="x"))
             assert future.result(timeout=10) == 0
             notes = heard(listen, [sid], until=lambda notes: len(notes) >= 1, linger=0.5)
     finally:
@@ -245,21 +247,32 @@ def test_a_batch_announced_in_the_transaction_is_not_announced_again_after_it() 
     assert [[(m.next_offset, m.closed) for m in n.marks] for n in notes] == [[(1, False)]]
 
 
+def run_batch(conn: psycopg.Connection, *appends: tuple[uuid.UUID, str]) -> batches.Outcome:
+    """A batch of ``appends`` (stream, data) judged and written on ``conn``, in its transaction."""
+    items: list[batches.Item] = [batches.Append(sid, concurrent.futures.Future(), data=data) for sid, data in appends]
+    return batches.run(conn, items, None, False)
+
+
+def resolved(outcome: batches.Outcome) -> bool | None:
+    """Whether the appender finds the batch of ``outcome`` committed, as after a lost answer."""
+    target = appender.appender(conf.database())
+    lost = RuntimeError("lost")
+    return resolution.committed(target._connection, target._close, outcome.xid, outcome.pid, outcome.places, lost)
+
+
 def test_a_commit_without_answer_is_resolved_by_asking_the_database() -> None:
     """The resolution itself, on real batches run by another connection: committed, rolled
     back, and one still in progress on a live backend, which is ended first."""
     s = pgstreams.create_stream()
-    target = appender.appender(conf.database())
-    batch = {"ids": [s.id], "data": ["x"], "level": None}
     with psycopg.connect(**db.connect_kwargs(conf.database(), "test")) as other:
         for outcome in ("COMMIT", "ROLLBACK"):
             other.execute("BEGIN")
-            rows = other.execute(appender.APPEND_SQL, batch).fetchall()
+            batch = run_batch(other, (s.id, "x"))
             other.execute(outcome)
-            assert target._resolve(rows, RuntimeError("lost")) is (outcome == "COMMIT")
+            assert resolved(batch) is (outcome == "COMMIT")
         other.execute("BEGIN")
-        rows = other.execute(appender.APPEND_SQL, batch).fetchall()
-        assert target._resolve(rows, RuntimeError("lost")) is False  # it ended the backend
+        batch = run_batch(other, (s.id, "x"))
+        assert resolved(batch) is False  # it ended the backend
         with pytest.raises(psycopg.OperationalError):
             other.execute("SELECT 1")
     assert stored(s) == [(0, "x")]
@@ -303,25 +316,22 @@ def test_a_committed_batch_is_found_committed_after_its_first_stream_was_deleted
     deleted before the appender asks (as a prune, an expiry or a DELETE may do): the batch is
     still found committed, so it is not sent again and the other stream holds its chunk once.
     And when every stream of a batch is gone, the transaction's own status tells."""
-    target = appender.appender(conf.database())
     first, second = sorted((pgstreams.create_stream().id for _ in range(2)), key=lambda sid: sid.int)
     with psycopg.connect(**db.connect_kwargs(conf.database(), "test")) as other:
         other.execute("BEGIN")
-        rows = other.execute(
-            appender.APPEND_SQL, {"ids": [first, second], "data": ["a", "b"], "level": None}
-        ).fetchall()
+        batch = run_batch(other, (second, "b"), (first, "a"))
         other.execute("COMMIT")
-        assert [row[0] for row in rows] == [first, second]  # locked, and returned, in id order
+        assert batch.places == [(first, 0), (second, 0)]  # locked, and written, in id order
         Stream.objects.filter(pk=first).delete()
-        assert target._resolve(rows, RuntimeError("lost")) is True
+        assert resolved(batch) is True
         Stream.objects.filter(pk=second).delete()
-        assert target._resolve(rows, RuntimeError("lost")) is True
+        assert resolved(batch) is True
         third = pgstreams.create_stream().id
         other.execute("BEGIN")
-        rows = other.execute(appender.APPEND_SQL, {"ids": [third], "data": ["c"], "level": None}).fetchall()
+        batch = run_batch(other, (third, "c"))
         other.execute("ROLLBACK")
         Stream.objects.filter(pk=third).delete()
-        assert target._resolve(rows, RuntimeError("lost")) is False
+        assert resolved(batch) is False
 
 
 def test_once_a_stream_writers_chunk_fails_its_later_chunks_fail_unsent() -> None:

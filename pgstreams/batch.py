@@ -1,0 +1,334 @@
+"""One batch of the append path, in its transaction: the rows of the batch's streams locked and
+read in id order (one another transaction holds is left for a later batch, never waited on),
+each item judged in arrival order against the streams as the batch leaves them so far
+(``Item.judge``: closed, content type, an idempotent producer's epoch and seq, and whatever the
+item's own kind adds), and everything accepted written in one statement: the chunks, the
+streams' rows, the producers' states. Each item's result is made once the offsets are known.
+
+The items are what the callers hand the appender: ``Append`` for ``append()``/``aappend()`` and
+stream writers, the Durable Streams endpoint's own for HTTP appends. No threads, no queue and no
+retries here (``appender``), and no resolution of a commit that got no answer
+(``resolution``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import psycopg
+
+from . import contents, producers
+from .exceptions import StreamClosed, StreamError, StreamNotFound
+from .types import Mark, Producer
+
+# The batch's streams, locked in id order, as they are; those another transaction holds are
+# skipped (SKIP LOCKED): their items wait for a later batch. Expired streams count as gone.
+LOCK_SQL = """
+SELECT id, path, owner_id, content_type, next_offset, closed_at IS NOT NULL, writer_seq, ttl, expires_at,
+       deleted_at IS NOT NULL OR coalesce(
+           expires_at <= clock_timestamp() OR used_at + make_interval(secs => ttl) <= clock_timestamp(), false)
+FROM pgstreams_stream WHERE id = ANY(%b) ORDER BY id FOR NO KEY UPDATE SKIP LOCKED
+"""
+# Which of the streams not locked exist: those are held by another transaction.
+EXISTS_SQL = "SELECT id FROM pgstreams_stream WHERE id = ANY(%s)"
+PRODUCERS_SQL = """
+SELECT p.stream_id, p.producer_id, p.epoch, p.seq
+FROM pgstreams_producer AS p JOIN unnest(%s::uuid[], %s::text[]) AS w(stream_id, producer_id)
+  ON p.stream_id = w.stream_id AND p.producer_id = w.producer_id
+"""
+# Everything the batch accepted, in one statement, its arrays sent in binary (cheaper to build):
+# the streams' rows move (a closing item closes, writer_seq moves on, a stream with a TTL counts
+# the write as use); the chunks go in; the producers' states move; the commit waits at
+# SYNCHRONOUS_COMMIT, for this transaction only.
+WRITE_SQL = """
+WITH moved AS (
+    UPDATE pgstreams_stream AS s
+    SET next_offset = m.next_offset,
+        closed_at = CASE WHEN m.closing THEN coalesce(s.closed_at, now()) ELSE s.closed_at END,
+        writer_seq = coalesce(m.writer_seq, s.writer_seq),
+        used_at = CASE WHEN s.ttl IS NULL THEN s.used_at ELSE clock_timestamp() END
+    FROM unnest(%(ids)b::uuid[], %(next)b::bigint[], %(closing)b::bool[], %(seqs)b::text[])
+        AS m(id, next_offset, closing, writer_seq)
+    WHERE s.id = m.id
+), written AS (
+    INSERT INTO pgstreams_chunk (stream_id, "offset", data, blob, created_at)
+    SELECT c.stream_id, c.off, c.data, c.blob, now()
+    FROM unnest(%(chunk_ids)b::uuid[], %(offsets)b::bigint[], %(texts)b::text[], %(blobs)b::bytea[])
+        AS c(stream_id, off, data, blob)
+), saved AS (
+    INSERT INTO pgstreams_producer (stream_id, producer_id, epoch, seq)
+    SELECT * FROM unnest(
+        %(producer_ids)b::uuid[], %(producer_names)b::text[], %(epochs)b::bigint[], %(pseqs)b::bigint[]
+    )
+    ON CONFLICT (stream_id, producer_id) DO UPDATE SET epoch = excluded.epoch, seq = excluded.seq
+)
+SELECT pg_current_xact_id()::text, pg_backend_pid(),
+       set_config('synchronous_commit', coalesce(%(level)s, current_setting('synchronous_commit')), true)
+"""
+
+Result = Any  # what a caller gets: its item's result, or the exception that refused it
+
+
+@dataclass(slots=True, eq=False)
+class Row:
+    """One stream as the batch found it, and as it leaves it so far."""
+
+    id: uuid.UUID
+    path: str | None
+    owner_id: Any
+    content_type: str
+    next_offset: int
+    closed: bool
+    writer_seq: str | None
+    ttl: int | None
+    expires_at: Any
+    gone: bool  # deleted (a tombstone) or expired: for a writer, no stream
+    moved: bool = False  # this batch changes its row
+    closing: bool = False  # this batch closes it
+    first: int | None = None  # the first offset this batch gives it
+
+    @property
+    def kind(self) -> contents.Kind:
+        return contents.kind_of(self.content_type)
+
+
+@dataclass(slots=True)
+class Accepted:
+    """What an item's judge lets the batch do: write ``chunks`` (there may be none), close the
+    stream, move its ``writer_seq`` on, record the ``producer``'s batch; or nothing, for a
+    producer's batch written already (``duplicate``: the producer's epoch and highest seq)."""
+
+    chunks: list[str | bytes]
+    closing: bool = False
+    writer_seq: str | None = None
+    producer: Producer | None = None
+    duplicate: tuple[int, int] | None = None
+    next_offset: int = 0  # the stream as this item leaves it (set by the batch)
+    closed: bool = False
+
+
+class NotJudged(Exception):
+    """An item that cannot be judged as it was submitted (what it was made from is out of date):
+    nothing of it is written, whatever becomes of its batch, and its caller may submit it anew."""
+
+
+class Chain:
+    """The items of one stream writer: once one of them fails, the later ones fail with it
+    instead of committing after it (a stream with a hole in the middle would look whole)."""
+
+    __slots__ = ("failure",)
+
+    def __init__(self) -> None:
+        self.failure: BaseException | None = None
+
+
+@dataclass(slots=True, eq=False)
+class Item:
+    """One call's append: where it goes, the future its caller waits on (in ``loop``, or None:
+    a thread's), and the stream writer's chain it belongs to, if any. Subclasses judge it."""
+
+    stream_id: uuid.UUID
+    future: asyncio.Future[Any] | concurrent.futures.Future[Any]
+    loop: asyncio.AbstractEventLoop | None = None
+    chain: Chain | None = None
+    producer: Producer | None = None
+    waits_until: float | None = None  # set when its stream was first found held by another transaction
+
+    @property
+    def size(self) -> int:
+        """The chunks it may write, for APPEND_BATCH."""
+        return 1
+
+    def judge(self, row: Row | None, producer_state: tuple[int, int] | None) -> Accepted | BaseException:
+        raise NotImplementedError
+
+    def result(self, row: Row, first: int | None, accepted: Accepted) -> Result:
+        """The caller's result, once committed: ``first`` is the first chunk's offset (None if
+        it wrote none)."""
+        raise NotImplementedError
+
+    def held(self) -> BaseException:
+        """Why it failed after its stream was held by another transaction for QUERY_TIMEOUT."""
+        return StreamError(
+            f"stream {self.stream_id} was held by another transaction (a write in a transaction still "
+            "open?) for QUERY_TIMEOUT; append again once it ends"
+        )
+
+
+@dataclass(slots=True, eq=False)
+class Append(Item):
+    """``append()``, ``aappend()`` and a stream writer's chunk: one text chunk, its result the
+    chunk's offset (None for an idempotent producer's batch written already)."""
+
+    data: str = ""
+
+    def judge(self, row: Row | None, producer_state: tuple[int, int] | None) -> Accepted | BaseException:
+        sid = self.stream_id
+        if row is None or row.gone:
+            return StreamNotFound(f"no stream {sid}")
+        if self.producer is not None:
+            try:
+                duplicate = producers.judge(producer_state, self.producer)
+                if duplicate is not None:
+                    return Accepted([], duplicate=duplicate)
+            except (StreamError, ValueError) as exc:
+                return exc
+        if row.closed:
+            return StreamClosed(f"stream {sid} was closed; create a new stream to write more")
+        try:
+            contents.check_fits(row.kind, self.data, sid)
+        except StreamError as exc:
+            return exc
+        return Accepted([self.data], producer=self.producer)
+
+    def result(self, row: Row, first: int | None, accepted: Accepted) -> Result:
+        return first
+
+
+# In ``Outcome.results``: the item waits for a later batch (its stream is held).
+DEFERRED: Final = object()
+
+
+@dataclass
+class Outcome:
+    """One try of a batch in its transaction, before the commit."""
+
+    results: list[Result]  # per item, in order: its result, its refusal, or DEFERRED
+    marks: list[Mark]  # of the streams written or closed
+    places: list[tuple[uuid.UUID, int]]  # each written stream's first new chunk: how to resolve
+    closed: list[Mark] = field(default_factory=list)  # of the streams this batch closed
+    written: int = 0  # chunks
+    xid: str | None = None  # the transaction, if it wrote anything
+    pid: int | None = None  # its backend
+    deferred: list[Item] = field(default_factory=list)  # in order
+
+
+def run(
+    conn: psycopg.Connection[Any],
+    items: list[Item],
+    level: str | None,
+    prepare: bool,
+    held: frozenset[uuid.UUID] = frozenset(),
+) -> Outcome:
+    """Judge and write ``items`` in the transaction open on ``conn``; the caller commits. Items
+    of the streams in ``held`` are deferred, as those of streams another transaction holds."""
+    ids = list({item.stream_id: None for item in items})
+    rows = {row[0]: Row(*row) for row in conn.execute(LOCK_SQL, [ids], prepare=prepare).fetchall()}
+    if len(rows) < len(ids):
+        missing = [sid for sid in ids if sid not in rows]
+        held = held | {sid for (sid,) in conn.execute(EXISTS_SQL, [missing]).fetchall()}
+    states = _producer_states(conn, items, rows)
+    results: list[Result] = []
+    accepted: list[tuple[int, Row, Accepted, int | None]] = []  # by the item's index
+    deferred: list[Item] = []
+    broken: dict[Chain, BaseException] = {}
+    for i, item in enumerate(items):
+        chain, sid = item.chain, item.stream_id
+        if chain is not None and chain in broken:
+            cause = broken[chain]
+            results.append(error(StreamError, f"an earlier chunk of this writer failed: {cause}", cause))
+            continue
+        if sid in held:
+            deferred.append(item)
+            results.append(DEFERRED)
+            continue
+        row = rows.get(sid)
+        key = (sid, item.producer.id) if item.producer is not None else None
+        verdict = item.judge(row, states.get(key) if key else None)
+        results.append(verdict)  # an accepted item's result is made below, once written
+        if isinstance(verdict, BaseException):
+            if chain is not None:
+                broken[chain] = verdict
+            continue
+        assert row is not None
+        first = _apply(row, verdict)
+        verdict.next_offset, verdict.closed = row.next_offset, row.closed
+        if key is not None and verdict.producer is not None:
+            states[key] = (verdict.producer.epoch, verdict.producer.seq)
+        accepted.append((i, row, verdict, first))
+    outcome = Outcome(results, [], [], deferred=deferred)
+    moved = [row for row in rows.values() if row.moved]
+    if moved:
+        xid, pid, _ = conn.execute(WRITE_SQL, _params(accepted, moved, states, level), prepare=prepare).fetchone()
+        outcome.xid, outcome.pid = xid, pid
+        outcome.marks = [Mark(row.id, row.next_offset, row.closed) for row in moved]
+        outcome.closed = [mark for mark, row in zip(outcome.marks, moved, strict=True) if row.closing]
+        outcome.places = [(row.id, row.first) for row in moved if row.first is not None]
+        outcome.written = sum(len(verdict.chunks) for _, _, verdict, _ in accepted)
+    for i, row, verdict, first in accepted:
+        results[i] = items[i].result(row, first, verdict)
+    return outcome
+
+
+def _producer_states(conn: psycopg.Connection[Any], items: list[Item], rows: dict[uuid.UUID, Row]) -> dict:
+    pairs = {
+        (item.stream_id, item.producer.id) for item in items if item.producer is not None and item.stream_id in rows
+    }
+    if not pairs:
+        return {}
+    sids, names = zip(*pairs, strict=True)
+    found = conn.execute(PRODUCERS_SQL, [list(sids), list(names)]).fetchall()
+    return {(sid, name): (epoch, seq) for sid, name, epoch, seq in found}
+
+
+def _apply(row: Row, verdict: Accepted) -> int | None:
+    """What an accepted item does to its stream's row; the offset of its first chunk."""
+    first = None
+    if verdict.chunks:
+        first = row.next_offset
+        if row.first is None:
+            row.first = first
+        row.next_offset += len(verdict.chunks)
+        row.moved = True
+    if verdict.closing and not row.closed:
+        row.closed = row.closing = row.moved = True
+    if verdict.writer_seq is not None:
+        row.writer_seq, row.moved = verdict.writer_seq, True
+    if verdict.producer is not None:
+        row.moved = True  # its state is saved: the batch writes
+    return first
+
+
+def _params(
+    accepted: list[tuple[int, Row, Accepted, int | None]], moved: list[Row], states: dict, level: str | None
+) -> dict[str, Any]:
+    chunk_ids: list[uuid.UUID] = []
+    offsets: list[int] = []
+    texts: list[str | None] = []
+    blobs: list[bytes | None] = []
+    saved: dict[tuple[uuid.UUID, str], tuple[int, int]] = {}
+    for _, row, verdict, first in accepted:
+        if first is not None:
+            for k, chunk in enumerate(verdict.chunks):
+                chunk_ids.append(row.id)
+                offsets.append(first + k)
+                texts.append(chunk if isinstance(chunk, str) else None)
+                blobs.append(chunk if isinstance(chunk, bytes) else None)
+        if verdict.producer is not None:
+            saved[(row.id, verdict.producer.id)] = states[(row.id, verdict.producer.id)]
+    return {
+        "ids": [row.id for row in moved],
+        "next": [row.next_offset for row in moved],
+        "closing": [row.closing for row in moved],
+        "seqs": [row.writer_seq for row in moved],
+        "chunk_ids": chunk_ids,
+        "offsets": offsets,
+        "texts": texts,
+        "blobs": blobs,
+        "producer_ids": [sid for sid, _ in saved],
+        "producer_names": [name for _, name in saved],
+        "epochs": [epoch for epoch, _ in saved.values()],
+        "pseqs": [seq for _, seq in saved.values()],
+        "level": level,
+    }
+
+
+def error(kind: type[Exception], message: str, cause: BaseException) -> Exception:
+    """A ``kind`` error with ``message``, caused by ``cause``."""
+    error = kind(message)
+    error.__cause__ = cause
+    return error
