@@ -16,6 +16,7 @@ import subprocess
 import threading
 import time
 
+import httpx
 import psutil
 import pytest
 import websockets
@@ -27,7 +28,7 @@ import pgstreams
 from bench.pgserver import ServerControl
 from bench.proxy import database_via, proxy_for
 from pgstreams import notify
-from pgstreams.models import Chunk
+from pgstreams.models import Chunk, Stream
 from tests.helpers import RawWebSocket, Reader, subprocess_database_url
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess, pytest.mark.faults]
@@ -422,6 +423,37 @@ async def _silent_sse_client(host: str, name: str) -> None:
     assert growth_mib < 25
 
 
+class AppenderKiller:
+    """While its block runs, a thread terminates the backends of every appender of the test
+    database (``application_name`` 'pgstreams appender ...', in any process) at random moments,
+    5 to 50 ms apart: at most 400 kills, for at most 120 s. ``kills`` counts them."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng, self.kills = random.Random(seed), 0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="test-appender-killer")
+
+    def __enter__(self) -> AppenderKiller:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.thread.join(10)
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + 120
+        with connections["default"].cursor() as cursor:
+            while not self.done.is_set() and self.kills < 400 and time.monotonic() < deadline:
+                time.sleep(self.rng.uniform(0.005, 0.05))
+                cursor.execute(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND application_name LIKE 'pgstreams appender %%'"
+                )
+                self.kills += cursor.fetchone()[0]
+        connections["default"].close()
+
+
 def test_the_appenders_backend_killed_under_load_loses_and_doubles_nothing() -> None:
     """Appends from 50 tasks (40 aappend loops, 10 stream writers) while another connection
     terminates the appender's backend at random moments: each stream holds exactly what its
@@ -433,8 +465,6 @@ def test_the_appenders_backend_killed_under_load_loses_and_doubles_nothing() -> 
     per_stream = 200
     told: dict[int, list[str]] = {k: [] for k in range(50)}  # what callers were told committed
     errors: list[BaseException] = []
-    done = threading.Event()
-    kills = 0
 
     async def appends(k: int) -> None:
         for i in range(per_stream):
@@ -457,30 +487,11 @@ def test_the_appenders_backend_killed_under_load_loses_and_doubles_nothing() -> 
     async def load() -> None:
         await asyncio.gather(*(appends(k) for k in range(40)), *(writes(k) for k in range(40, 50)))
 
-    def killer() -> None:  # bounded: at most 400 kills, at most 120 s
-        nonlocal kills
-        rng = random.Random(13)
-        deadline = time.monotonic() + 120
-        with connections["default"].cursor() as cursor:
-            while not done.is_set() and kills < 400 and time.monotonic() < deadline:
-                time.sleep(rng.uniform(0.005, 0.05))
-                cursor.execute(
-                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-                    " WHERE datname = current_database() AND application_name LIKE 'pgstreams appender %%'"
-                )
-                kills += cursor.fetchone()[0]
-        connections["default"].close()
-
     before = appender.appender("default").stats.snapshot()
-    thread = threading.Thread(target=killer)
     started = time.monotonic()
-    thread.start()
-    try:
+    with AppenderKiller(seed=13) as killer:
         asyncio.run(load())
-    finally:
-        done.set()
-        thread.join(10)
-    took = time.monotonic() - started
+    took, kills = time.monotonic() - started, killer.kills
     stats = appender.appender("default").stats - before
     print(
         f"{50 * per_stream} appends in {took:.1f} s with {kills} backend kills: {stats.batches} batches committed, "
@@ -493,3 +504,50 @@ def test_the_appenders_backend_killed_under_load_loses_and_doubles_nothing() -> 
         assert committed(sid) == list(enumerate(told[k]))
         assert len(told[k]) == per_stream
     appender.stop_appenders()
+
+
+def test_http_appends_as_producers_through_appender_kills_are_stored_exactly_once(open_durable_server: str) -> None:
+    """40 clients append 50 chunks each over HTTP to a daphne process as idempotent producers
+    (Producer-Id/Epoch/Seq), each sending the same request again after any error or 5xx, while
+    the appender's backend is terminated at random moments: every stream holds each chunk once,
+    in order, and every acknowledged append is there."""
+    streams, per_stream = 40, 50
+    base = f"http://{open_durable_server}/pgstreams/v1/stream/faults-producers"
+    retried = 0
+
+    async def produce(client: httpx.AsyncClient, k: int) -> list[int]:
+        nonlocal retried
+        statuses = []
+        for seq in range(per_stream):
+            headers = {"Content-Type": "text/plain", "Producer-Id": f"p{k}", "Producer-Epoch": "0"}
+            headers["Producer-Seq"] = str(seq)
+            for _ in range(100):  # bounded: a try per error
+                try:
+                    answer = await client.post(f"{base}/{k}", content=f"{k}-{seq};", headers=headers)
+                except httpx.HTTPError:
+                    answer = None
+                if answer is not None and answer.status_code < 500:
+                    statuses.append(answer.status_code)
+                    break
+                retried += 1
+                await asyncio.sleep(0.02)
+        return statuses
+
+    async def load() -> list[list[int]]:
+        async with httpx.AsyncClient(timeout=30) as client:
+            for k in range(streams):
+                assert (await client.put(f"{base}/{k}", headers={"Content-Type": "text/plain"})).status_code == 201
+            with AppenderKiller(seed=23) as killer:
+                answers = await asyncio.gather(*(produce(client, k) for k in range(streams)))
+            print(
+                f"{streams * per_stream} producer appends over HTTP with {killer.kills} appender backend kills: "
+                f"{retried} requests sent again"
+            )
+            assert killer.kills >= 20
+            return answers
+
+    answers = asyncio.run(load())
+    for k in range(streams):
+        assert set(answers[k]) <= {200, 204} and len(answers[k]) == per_stream  # 204: a retried duplicate
+        sid = Stream.objects.get(path=f"faults-producers/{k}").id
+        assert committed(sid) == [(seq, f"{k}-{seq};") for seq in range(per_stream)]

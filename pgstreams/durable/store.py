@@ -1,7 +1,8 @@
-"""The Durable Streams endpoint's database work: find a stream by its path, then create (or fork),
-append to, close or delete it in one transaction on ``DATABASE``, or describe or read it, with the
-request's authorization (``PGSTREAMS['DURABLE_AUTHORIZE']``) asked before anything about the
-stream is told (a missing stream is asked about as None).
+"""The Durable Streams endpoint's database work: find a stream by its path, then create (or fork)
+or delete it in one transaction on ``DATABASE``, describe or read it, or find it for an append
+(which ``appends`` commits, in batches), with the request's authorization
+(``PGSTREAMS['DURABLE_AUTHORIZE']``) asked before anything about the stream is told (a missing
+stream is asked about as None).
 
 Synchronous (the views run it on pgstreams' threads) and free of HTTP: a request the protocol
 refuses raises ``wire.Refused``. Live reads wait on the listener in the views, not here.
@@ -24,10 +25,9 @@ from typing import Any, Literal
 from django.db import IntegrityError, OperationalError, connections, transaction
 from django.db.models.functions import Now
 
-from .. import conf, notify, producers
-from ..exceptions import ProducerFenced, ProducerGap
+from .. import conf, notify
 from ..models import Stream, is_text, media_type
-from ..types import Mark, Producer
+from ..types import Mark
 from ..writer import after_commit, committed, prepared_cursor
 from . import wire
 from .wire import Refused
@@ -426,7 +426,7 @@ def _create(request: Any, alias: str, path: str, wanted: Wanted, body: bytes) ->
         items = [part] if part is not None else []
     else:
         inherited = 0
-    items += _body_chunks(stream, body, appending=False)
+    items += body_chunks(stream, body, appending=False)
     stream.save(using=alias, force_insert=True)
     if inherited:
         with connections[alias].cursor() as cursor:
@@ -482,7 +482,7 @@ def _fork_point(alias: str, source: Stream, offset: int, sub_offset: int) -> tup
         raise Refused(400, f"Stream-Fork-Sub-Offset {sub_offset} falls inside a UTF-8 character") from None
 
 
-def _body_chunks(stream: Stream, body: bytes, *, appending: bool) -> list[str | bytes]:
+def body_chunks(stream: Stream, body: bytes, *, appending: bool) -> list[str | bytes]:
     """A body as the stream's chunks: JSON messages one per chunk (an array's items, flattened);
     text or bytes cut to MAX_CHUNK_BYTES."""
     limit = conf.max_chunk_bytes()
@@ -539,67 +539,30 @@ def _append_chunks(alias: str, stream: Stream, start: int, items: list[str | byt
     after_commit(alias, mode, mark, len(items))
 
 
-def append(
-    request: Any,
-    path: str,
-    body: bytes,
-    *,
-    content_type: str | None,
-    closing: bool,
-    producer: Producer | None,
-    writer_seq: str | None,
-) -> Appended:
-    """POST: append the body (and close, if asked), checking in this order as the protocol
-    says: the producer's epoch and seq, the stream's closure, the content type, Stream-Seq."""
-    alias = conf.database()
-    with transaction.atomic(using=alias):
-        stream = _existing(
-            path, _lookup(request, "close" if closing and not body else "append", alias, path, lock=True)
-        )
-        if closing and body:
-            authorize(request, "close", path, stream)  # an append that closes needs both
-        if producer is not None:
-            duplicate = _check_producer(alias, stream, producer)
-            if duplicate is not None:
-                return Appended(State.of(stream), 204, duplicate)
-        if stream.is_closed:
-            if closing and not body:
-                return Appended(State.of(stream), 204)
-            raise _closed(stream)
-        if body and media_type(content_type or "") != media_type(stream.content_type):
-            raise Refused(409, f"the stream's content type is {stream.content_type}, not {content_type}")
-        if writer_seq is not None:
-            if stream.writer_seq and writer_seq <= stream.writer_seq:
-                last = stream.writer_seq[:80]
-                raise Refused(409, f"Stream-Seq {writer_seq[:80]!r} is not after the last one, {last!r}")
-            stream.writer_seq = writer_seq
-        items = _body_chunks(stream, body, appending=True)
-        _append_chunks(alias, stream, stream.next_offset, items, closing=closing)
-        if producer is None:
-            return Appended(State.of(stream), 204)
-        with connections[alias].cursor() as cursor:
-            producers.save(cursor, stream.id, producer)
-        return Appended(State.of(stream), 204 if not body else 200, (producer.epoch, producer.seq))
-
-
-def _closed(stream: Stream) -> Refused:
-    headers = {"Stream-Closed": "true", "Stream-Next-Offset": wire.format_offset(stream.next_offset)}
-    return Refused(409, f"the stream at {stream.path!r} is closed", headers)
-
-
-def _check_producer(alias: str, stream: Stream, producer: Producer) -> tuple[int, int] | None:
-    """``producers.check``, its refusals as the protocol's statuses (a gap in a closed stream as
-    the stream's closure, which the protocol puts first)."""
+def find(
+    request: Any, path: str, body: bytes, *, closing: bool, known: Stream | None = None
+) -> tuple[Stream, list[str | bytes] | Refused | None]:
+    """POST: the stream an append (or close, or both) goes to, once the request is allowed to,
+    taking no lock, and the body as its chunks (None without one; the refusal of a body the
+    stream cannot take, answered in its turn: a closed stream's 409 comes first); ``appends``
+    judges and commits it. ``known`` is the stream this process last found at ``path``, asked
+    about without reading it again (``appends`` checks in its batch that it is still the one
+    there); a refusal of it is asked again of the stream read afresh."""
+    action: Action = "close" if closing and not body else "append"
+    stream = None
+    if known is not None:
+        try:
+            authorize(request, action, path, known)
+            stream = known
+        except Refused:
+            pass
+    if stream is None:
+        stream = _existing(path, _lookup(request, action, conf.database(), path))
+    if closing and body:
+        authorize(request, "close", path, stream)  # an append that closes needs both
+    if not body:
+        return stream, None
     try:
-        with connections[alias].cursor() as cursor:
-            return producers.check(cursor, stream.id, producer)
-    except ProducerFenced as exc:
-        raise Refused(403, str(exc), {"Producer-Epoch": str(exc.epoch)}) from None
-    except ProducerGap as exc:
-        if stream.is_closed:
-            raise _closed(stream) from None
-        raise Refused(
-            409, str(exc), {"Producer-Expected-Seq": str(exc.expected), "Producer-Received-Seq": str(producer.seq)}
-        ) from None
-    except ValueError as exc:
-        raise Refused(400, str(exc)) from None
+        return stream, body_chunks(stream, body, appending=True)
+    except Refused as refusal:
+        return stream, refusal

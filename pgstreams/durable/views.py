@@ -1,7 +1,8 @@
 """The Durable Streams endpoint, ``v1/stream/<path>``: one async view that answers the protocol's
 PUT (create, fork), POST (append, close), DELETE, HEAD and GET (catch-up, long-poll, SSE).
 
-Headers are checked here (``wire``); the database work runs on pgstreams' threads (``store``).
+Headers are checked here (``wire``); the database work runs on pgstreams' threads (``store``),
+but for appends, which are committed in batches by the process's appender (``appends``).
 Long-poll and SSE wait on the process's listener, as ``aread()`` does: a waiting request holds no
 database connection. No subscription APIs (``__ds/...``), and no CORS origin policy of its own:
 a project that serves other origins adds one (django-cors-headers), as for any other view.
@@ -29,7 +30,7 @@ from .. import conf, db, delivery, metrics, threads
 from ..exceptions import ChunksPruned, ReadTimeout, StreamNotFound
 from ..reader import afollow
 from ..types import StreamChunk
-from . import store, wire
+from . import appends, store, wire
 from .wire import Refused
 
 # An SSE response ends after about this many seconds (the protocol asks for about a minute, so
@@ -56,10 +57,10 @@ _METHODS = "GET, HEAD, PUT, POST, DELETE, OPTIONS"
 T = TypeVar("T")
 _CACHEABLE = "private, max-age=60, stale-while-revalidate=300"
 
-# Writes may wait on a stream's row lock: on threads of their own, so that reads never wait for a
-# thread behind them, and for a short while only (``_write``).
+# Creates and deletes may wait on a stream's row lock: on threads of their own, so that reads never
+# wait for a thread behind them, and for a short while only (``_write``). Appends hold no thread
+# while they wait for their batch (``appends``).
 _create = threads.durable_writes.wrap(store.create)
-_append = threads.durable_writes.wrap(store.append)
 _delete = threads.durable_writes.wrap(store.delete)
 _head = threads.durable.wrap(store.head)
 _read = threads.durable.wrap(store.read)
@@ -247,8 +248,7 @@ async def _post(request: HttpRequest, name: str) -> HttpResponse:
         raise Refused(400, "an append needs a body (or Stream-Closed: true to close the stream)")
     if body and not content_type:
         raise Refused(400, "an append needs the stream's Content-Type")
-    appended = await _write(
-        _append,
+    appended = await appends.post(
         request,
         name,
         body,

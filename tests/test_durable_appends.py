@@ -1,0 +1,207 @@
+"""Durable Streams appends on the append path (``pgstreams.durable.appends``): requests that share
+a batch each answered as the protocol says, the paths a process remembers never leading a write
+astray (a path deleted and made again, an expired stream, an owner changed, a fork), a stream
+held by another transaction holding up only its own appends, and closes announced."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+
+import psycopg
+import pytest
+from asgiref.sync import sync_to_async
+from django.contrib.auth import get_user_model
+from django.test import AsyncClient, override_settings
+from django.utils import timezone
+
+import pgstreams
+from pgstreams import appender, conf, db, signals
+from pgstreams.durable import wire
+from pgstreams.models import Chunk, Stream
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+EVERYONE = "demo_project.chat.durable.allow_everything"
+
+
+def url(path: str) -> str:
+    return f"/pgstreams/v1/stream/{path}"
+
+
+async def post(client: AsyncClient, path: str, body: str, content_type: str = "text/plain", **headers: str):
+    return await client.post(url(path), body, content_type=content_type, headers=headers)
+
+
+def producer(pid: str, epoch: int, seq: int) -> dict[str, str]:
+    return {"Producer-Id": pid, "Producer-Epoch": str(epoch), "Producer-Seq": str(seq)}
+
+
+async def stored(path: str) -> list[str | bytes]:
+    return [c.data async for c in Chunk.objects.filter(stream__path=path).order_by("offset")]
+
+
+def owners_only(request, action: str, path: str, stream) -> bool:
+    """Writes by the stream's owner; anyone may create."""
+    return action == "create" or (stream is not None and stream.owner_id == request.user.id)
+
+
+async def test_requests_that_share_a_batch_are_each_answered_as_the_protocol_says() -> None:
+    client = AsyncClient()
+    with override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": EVERYONE, "APPEND_INTERVAL": 0.2}):
+        for path in ("a", "c", "s", "p", "k"):
+            await pgstreams.acreate_stream(path=path)
+        await pgstreams.acreate_stream(path="j", content_type="application/json")
+        await post(client, "c", "last", **{"Stream-Closed": "true"})
+        await post(client, "s", "first", **{"Stream-Seq": "005"})
+        first = await post(client, "p", "d", **producer("p1", 1, 0))
+        assert first.status_code == 200, first.content
+        before = appender.appender(conf.database()).stats.snapshot()
+        requests = {
+            "append": post(client, "a", "x"),
+            "to a closed stream": post(client, "c", "x"),
+            "of another content type": post(client, "a", "[1]", content_type="application/json"),
+            "with an old Stream-Seq": post(client, "s", "z", **{"Stream-Seq": "004"}),
+            "with a new Stream-Seq": post(client, "s", "z", **{"Stream-Seq": "006"}),
+            "a producer's duplicate": post(client, "p", "d", **producer("p1", 1, 0)),
+            "a fenced producer": post(client, "p", "e", **producer("p1", 0, 1)),
+            "a producer's gap": post(client, "p", "f", **producer("p1", 1, 5)),
+            "a producer's next": post(client, "p", "g", **producer("p1", 1, 1)),
+            "two JSON values": post(client, "j", "[1, 2]", content_type="application/json"),
+            "no JSON": post(client, "j", "[", content_type="application/json"),
+            "a close": post(client, "k", "", **{"Stream-Closed": "true"}),
+        }
+        answers = dict(zip(requests, await asyncio.gather(*requests.values()), strict=True))
+        batches = (appender.appender(conf.database()).stats - before).batches
+    statuses = {name: answer.status_code for name, answer in answers.items()}
+    print(f"{len(requests)} requests sent together, committed in {batches} batches: {statuses}")
+    assert statuses == {
+        "append": 204,
+        "to a closed stream": 409,
+        "of another content type": 409,
+        "with an old Stream-Seq": 409,
+        "with a new Stream-Seq": 204,
+        "a producer's duplicate": 204,
+        "a fenced producer": 403,
+        "a producer's gap": 409,
+        "a producer's next": 200,
+        "two JSON values": 204,
+        "no JSON": 400,
+        "a close": 204,
+    }
+    assert batches < len(requests)
+    assert answers["to a closed stream"]["Stream-Closed"] == "true"
+    assert answers["a fenced producer"]["Producer-Epoch"] == "1"
+    assert answers["a producer's gap"]["Producer-Expected-Seq"] in ("1", "2")  # before or after "next"
+    assert (answers["a producer's next"]["Producer-Epoch"], answers["a producer's next"]["Producer-Seq"]) == ("1", "1")
+    assert answers["two JSON values"]["Stream-Next-Offset"] == wire.format_offset(2)
+    assert await stored("p") == ["d", "g"] and await stored("j") == ["1", "2"] and await stored("s") == ["first", "z"]
+    assert await stored("a") == ["x"] and (await Stream.objects.aget(path="k")).is_closed
+
+
+async def test_a_path_deleted_and_made_again_is_written_in_its_new_stream() -> None:
+    client = AsyncClient()
+    with override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": EVERYONE}):
+        await pgstreams.acreate_stream(path="again")
+        assert (await post(client, "again", "old")).status_code == 204  # remembered now
+        await Stream.objects.filter(path="again").adelete()  # by another process, say
+        made = await pgstreams.acreate_stream(path="again")
+        assert (await post(client, "again", "new")).status_code == 204
+    assert [c.data async for c in Chunk.objects.filter(stream=made)] == ["new"]
+
+
+async def test_an_expired_stream_is_not_written_through_the_path_remembered() -> None:
+    client = AsyncClient()
+    with override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": EVERYONE}):
+        await client.put(url("brief"), "x", content_type="text/plain", headers={"Stream-TTL": "60"})
+        assert (await post(client, "brief", "a")).status_code == 204
+        stream = await Stream.objects.aget(path="brief")
+        await Stream.objects.filter(pk=stream.pk).aupdate(used_at=timezone.now() - datetime.timedelta(hours=1))
+        answer = await post(client, "brief", "b")
+    assert answer.status_code == 404
+    assert not await Chunk.objects.filter(stream_id=stream.pk, data="b").aexists()
+
+
+async def test_a_stream_given_another_owner_is_not_written_by_its_old_one() -> None:
+    users = get_user_model().objects
+    first, second = [await sync_to_async(users.create_user)(name) for name in ("first", "second")]
+    client = AsyncClient()
+    await client.aforce_login(first)
+    await pgstreams.acreate_stream(path="owned", owner=first)
+    with override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": "tests.test_durable_appends.owners_only"}):
+        assert (await post(client, "owned", "mine")).status_code == 204
+        await Stream.objects.filter(path="owned").aupdate(owner=second)
+        answer = await post(client, "owned", "not mine any more")
+    assert answer.status_code == 403
+    assert await stored("owned") == ["mine"]
+
+
+async def test_a_fork_and_its_source_each_get_their_own_appends_and_a_deleted_source_answers_410() -> None:
+    client = AsyncClient()
+    with override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": EVERYONE}):
+        await client.put(url("source"), "a", content_type="text/plain")
+        assert (await post(client, "source", "b")).status_code == 204
+        await client.put(url("fork"), headers={"Stream-Forked-From": "source"})
+        assert (await post(client, "fork", "f")).status_code == 204
+        assert (await post(client, "source", "c")).status_code == 204
+        assert (await client.delete(url("source"))).status_code == 204  # a tombstone stays: the fork lives
+        gone = await post(client, "source", "d")
+    assert gone.status_code == 410
+    assert (await client.get(url("fork"))).content == b"abf"
+    assert await stored("fork") == ["a", "b", "f"]
+
+
+async def test_a_stream_held_by_another_transaction_holds_up_only_its_own_appends() -> None:
+    client = AsyncClient()
+    with override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": EVERYONE}):
+        held = await pgstreams.acreate_stream(path="held")
+        await pgstreams.acreate_stream(path="free")
+        holder = await psycopg.AsyncConnection.connect(**db.connect_kwargs("default", "test-holder"))
+        await holder.execute("BEGIN")
+        await holder.execute("SELECT 1 FROM pgstreams_stream WHERE id = %s FOR UPDATE", [held.id])
+        try:
+            waiting = asyncio.create_task(post(client, "held", "h"))
+            free = [await post(client, "free", f"{i}") for i in range(3)]
+            python = await pgstreams.aappend((await Stream.objects.aget(path="free")).id, "3")
+            assert not waiting.done()  # the lock is still held: its append waits for a later batch
+        finally:
+            await holder.execute("ROLLBACK")
+            await holder.close()
+        answer = await asyncio.wait_for(waiting, 10)
+    assert [a.status_code for a in free] == [204] * 3 and python == 3
+    assert answer.status_code == 204 and await stored("held") == ["h"]
+
+
+async def test_a_close_over_http_sends_stream_closed_once_it_commits() -> None:
+    heard: list[tuple[str, int]] = []
+
+    def closed(sender, stream_id, next_offset, using, **kwargs) -> None:
+        heard.append((str(stream_id), next_offset))
+
+    signals.stream_closed.connect(closed)
+    try:
+        client = AsyncClient()
+        with override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": EVERYONE}):
+            await client.put(url("ending"), "a", content_type="text/plain")
+            await post(client, "ending", "b", **{"Stream-Closed": "true"})
+            await post(client, "ending", "", **{"Stream-Closed": "true"})  # closed already: no second signal
+    finally:
+        signals.stream_closed.disconnect(closed)
+    stream = await Stream.objects.aget(path="ending")
+    assert heard == [(str(stream.id), 2)]
+
+
+def test_an_append_retried_as_the_same_producer_returns_none_and_stores_once() -> None:
+    s = pgstreams.create_stream()
+    batch = pgstreams.Producer("writer-1", 0, 0)
+    assert pgstreams.append(s.id, "once", producer=batch) == 0
+
+    async def again() -> int | None:
+        return await asyncio.wait_for(pgstreams.aappend(s.id, "once", producer=batch), 10)
+
+    assert asyncio.run(again()) is None
+    assert pgstreams.append(s.id, "twice", producer=pgstreams.Producer("writer-1", 0, 1)) == 1
+    assert list(Chunk.objects.filter(stream_id=s.id).order_by("offset").values_list("data", flat=True)) == [
+        "once",
+        "twice",
+    ]
