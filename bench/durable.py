@@ -2,14 +2,20 @@
 (``node/durable_load.mjs``), on the protocol's Node reference server (``@durable-streams/server``,
 file-backed) and on pgstreams' endpoint served by 1, 2... daphne processes of this project.
 
-It measures appends/s over concurrent connections (one stream each), catch-up reads in MB/s, and
-the time from an append to a long-poll and an SSE reader's receipt. pgstreams commits each append
+It measures appends/s and their latency over concurrent connections, one stream and one append
+in flight each (a ladder: 64, 100, 1,000 connections), stream creation (PUT) per second,
+catch-up reads in MB/s, the token-per-POST shape (``--paced-streams`` streams appended to
+``--paced-rate`` times a second, each read over SSE), and the time from an append to a long-poll
+and an SSE reader's receipt. Around each part it reads the server's CPU time and, for pgstreams,
+how many write transactions Postgres began (the next transaction id moves once per transaction
+that writes): appends per transaction, and CPU per append. pgstreams commits each append
 to Postgres with the server's ``synchronous_commit`` (``on``: flushed to its WAL); the reference
 writes each append to a per-stream log file and fdatasyncs it, and keeps its metadata in LMDB.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import shutil
@@ -23,10 +29,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+import psycopg
 from django.conf import settings
 from django.db import connections
 
-from pgstreams import conf
+from pgstreams import conf, db
 from pgstreams.models import Stream
 
 from . import procs
@@ -39,7 +47,9 @@ NODE = Path(settings.BASE_DIR) / "node"
 @dataclass
 class DurableConfig:
     seconds: float = 10.0
-    connections: int = 64
+    connections: tuple[int, ...] = (64, 100, 1000)  # one part each
+    paced_streams: int = 1000
+    paced_rate: float = 20.0
     payload: int = 64
     read_megabytes: float = 20.0
     readers: int = 4
@@ -52,15 +62,15 @@ def run_durable(config: DurableConfig, say: Callable[[str], None] = print) -> di
     node = _node()
     runs: dict[str, Any] = {}
     prefix = f"pgstreams-bench-{uuid.uuid4().hex[:8]}"
-    with _reference() as base:
+    with _reference() as (base, pids):
         say("durable: the reference server (file-backed)")
-        runs["reference, file-backed"] = _load(node, [base], config, f"{prefix}/reference")
+        runs["reference, file-backed"] = _load(node, [base], pids, config, f"{prefix}/reference")
     try:
         for n in config.processes:
             say(f"durable: pgstreams, {n} daphne process(es)")
-            with _daphnes(n) as bases:
+            with _daphnes(n) as (bases, pids):
                 name = f"pgstreams, {n} daphne process{'es' if n > 1 else ''}"
-                runs[name] = _load(node, bases, config, f"{prefix}/{n}")
+                runs[name] = _load(node, bases, pids, config, f"{prefix}/{n}")
     finally:
         Stream.objects.using(conf.database()).filter(path__startswith=prefix).delete()
     with connections[conf.database()].cursor() as cursor:
@@ -80,28 +90,84 @@ def _node() -> str:
     return node
 
 
-def _load(node: str, bases: list[str], config: DurableConfig, prefix: str) -> dict[str, Any]:
+def _load(node: str, bases: list[str], pids: list[int], config: DurableConfig, prefix: str) -> dict[str, Any]:
+    """One run of the load on the server at ``bases`` (its processes ``pids``), with each part's
+    server CPU and write transactions."""
     options = {
         "bases": bases,
         "prefix": prefix,
-        "connections": config.connections,
+        "connections": list(config.connections),
         "seconds": config.seconds,
         "payload": config.payload,
         "readMegabytes": config.read_megabytes,
         "readers": config.readers,
         "latencyStreams": config.latency_streams,
         "interval": config.interval,
+        "pacedStreams": config.paced_streams,
+        "pacedRate": config.paced_rate,
     }
-    run = subprocess.run(
-        [node, "durable_load.mjs", json.dumps(options)], cwd=NODE, capture_output=True, text=True, timeout=600
-    )
-    if run.returncode != 0:
-        raise RuntimeError(f"the load failed: {run.stderr[-2000:]}")
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    counters = _Counters(pids)
+    errors = tempfile.TemporaryFile("w+")  # not a pipe: nobody reads it while the load runs
+    command = [node, "durable_load.mjs", json.dumps(options)]
+    load = subprocess.Popen(command, cwd=NODE, stdout=subprocess.PIPE, stderr=errors, text=True)
+    server: dict[str, dict[str, float]] = {}
+    last = ""
+    try:
+        assert load.stdout is not None
+        for line in load.stdout:  # bounded by the load's own parts; the timeout below
+            if line.startswith("mark "):
+                _, part, phase = line.split()
+                if phase == "start":
+                    counters.start(part)
+                else:
+                    server[part] = counters.end(part)
+            elif line.strip():
+                last = line
+        load.wait(600)
+    finally:
+        if load.poll() is None:
+            load.kill()
+        counters.close()
+    if load.returncode != 0:
+        errors.seek(0)
+        raise RuntimeError(f"the load failed: {errors.read()[-2000:]}")
+    errors.close()
+    report = json.loads(last)
+    report["server"] = server
+    return report
+
+
+class _Counters:
+    """The server's CPU seconds and Postgres's write transactions, read around each part."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.processes = [psutil.Process(pid) for pid in pids]
+        self.conn = psycopg.connect(**db.connect_kwargs(conf.database(), "bench counters"))  # autocommit
+        self.began: dict[str, tuple[float, float, int]] = {}
+
+    def _read(self) -> tuple[float, float, int]:
+        cpu = 0.0
+        for process in self.processes:
+            for p in [process, *process.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    times = p.cpu_times()
+                    cpu += times.user + times.system
+        (xid,) = self.conn.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text").fetchone()
+        return time.monotonic(), cpu, int(xid)
+
+    def start(self, part: str) -> None:
+        self.began[part] = self._read()
+
+    def end(self, part: str) -> dict[str, float]:
+        (t0, cpu0, xid0), (t1, cpu1, xid1) = self.began.pop(part), self._read()
+        return {"seconds": t1 - t0, "cpu_seconds": cpu1 - cpu0, "write_transactions": xid1 - xid0}
+
+    def close(self) -> None:
+        self.conn.close()
 
 
 @contextmanager
-def _reference() -> Iterator[str]:
+def _reference() -> Iterator[tuple[str, list[int]]]:
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="pgstreams-bench-reference-") as data:
         server = subprocess.Popen(
@@ -112,14 +178,14 @@ def _reference() -> Iterator[str]:
         )
         try:
             _wait_for_port(port, _Alive(server))
-            yield f"http://127.0.0.1:{port}"
+            yield f"http://127.0.0.1:{port}", [server.pid]
         finally:
             server.terminate()
             server.wait(10)
 
 
 @contextmanager
-def _daphnes(n: int) -> Iterator[list[str]]:
+def _daphnes(n: int) -> Iterator[tuple[list[str], list[int]]]:
     """``n`` daphne processes of this project on their own ports, the endpoint open to anyone."""
     ctx = multiprocessing.get_context("spawn")
     settings_for_children = boot("buffered")
@@ -137,7 +203,8 @@ def _daphnes(n: int) -> Iterator[list[str]]:
             server.start()
             _wait_for_port(port, server)
         time.sleep(0.5)
-        yield [f"http://127.0.0.1:{port}/pgstreams" for port in ports]
+        pids = [server.pid for server in servers if server.pid is not None]
+        yield [f"http://127.0.0.1:{port}/pgstreams" for port in ports], pids
     finally:
         for server in servers:
             server.terminate()
@@ -159,25 +226,62 @@ class _Alive:
 def table(report: dict[str, Any]) -> str:
     """The runs side by side, as a Markdown table."""
     names = list(report["runs"])
-    rows = [
-        ("appends/s (64 B, one stream per connection)", lambda r: f"{r['appends']['appends_per_second']:,.0f}"),
+    rows: list[tuple[str, Callable[[dict[str, Any]], str]]] = []
+    for i, n in enumerate(report["config"]["connections"]):
+        rows += [
+            (
+                f"{n} connections, 64 B appends: appends/s (failed)",
+                lambda r, i=i: f"{r['appends'][i]['appends_per_second']:,.0f} ({r['appends'][i]['failed']})",
+            ),
+            (f"{n} connections: append p50 / p99 ms", lambda r, i=i: _ms(r["appends"][i]["latency_ms"])),
+            (
+                f"{n} connections: appends per write transaction, server CPU per append",
+                lambda r, i=i: _per_append(r, f"appends-{r['appends'][i]['connections']}", r["appends"][i]["appends"]),
+            ),
+        ]
+    rows += [
+        ("creates (PUT)/s", lambda r: f"{r['creates']['creates_per_second']:,.0f} ({r['creates']['failed']} failed)"),
         ("catch-up reads, MB/s", lambda r: f"{r['catch_up']['megabytes_per_second']:,.1f}"),
     ]
+    if report["config"]["paced_streams"]:
+        rows += [
+            (
+                "token per POST: appends/s of offered (failed, missed by SSE)",
+                lambda r: (
+                    f"{r['paced']['appends_per_second']:,.0f} of {r['paced']['offered_per_second']:,.0f} "
+                    f"({r['paced']['failed']}, {r['paced']['missed']})"
+                ),
+            ),
+            ("token per POST: answered p50 / p99 ms", lambda r: _ms(r["paced"]["answered_ms"])),
+            ("token per POST: delivered over SSE p50 / p99 ms", lambda r: _ms(r["paced"]["delivered_ms"])),
+            (
+                "token per POST: appends per write transaction, server CPU per append",
+                lambda r: _per_append(r, "paced", r["paced"]["appends_per_second"] * r["server"]["paced"]["seconds"]),
+            ),
+        ]
     for live in ("long_poll", "sse"):
         label = "long-poll" if live == "long_poll" else "SSE"
+        rows.append((f"{label}: append sent to reader, p50 / p99 ms", lambda r, k=live: _ms(r[k]["from_request_ms"])))
         rows.append(
-            (
-                f"{label}: append sent to reader, p50 / p99 ms",
-                lambda r, k=live: f"{r[k]['from_request_ms']['p50']:.1f} / {r[k]['from_request_ms']['p99']:.1f}",
-            )
-        )
-        rows.append(
-            (
-                f"{label}: append answered to reader, p50 / p99 ms",
-                lambda r, k=live: f"{r[k]['from_response_ms']['p50']:.1f} / {r[k]['from_response_ms']['p99']:.1f}",
-            )
+            (f"{label}: append answered to reader, p50 / p99 ms", lambda r, k=live: _ms(r[k]["from_response_ms"]))
         )
         rows.append((f"{label}: deliveries (missed)", lambda r, k=live: f"{r[k]['deliveries']} ({r[k]['missed']})"))
     lines = ["| | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
     lines += [f"| {label} | " + " | ".join(cell(report["runs"][n]) for n in names) + " |" for label, cell in rows]
     return "\n".join(lines)
+
+
+def _ms(figures: dict[str, float | None]) -> str:
+    if figures["p50"] is None:
+        return "-"
+    return f"{figures['p50']:.1f} / {figures['p99']:.1f}"
+
+
+def _per_append(run: dict[str, Any], part: str, appends: float) -> str:
+    """Appends per write transaction (none for a server without Postgres) and CPU per append."""
+    counted = run["server"].get(part)
+    if not counted or not appends:
+        return "-"
+    per_transaction = appends / counted["write_transactions"] if counted["write_transactions"] > 10 else None
+    cpu = f"{counted['cpu_seconds'] / appends * 1e6:,.0f} us"
+    return f"{per_transaction:,.1f}, {cpu}" if per_transaction is not None else f"-, {cpu}"

@@ -60,6 +60,7 @@ class TokenWriterResult:
     committed_in_window: int = 0  # tokens committed when the writing window closed ...
     window_seconds: float = 0.0  # ... counted this long after the start (a busy loop counts late)
     errors: int = 0
+    cpu_seconds: float = 0.0  # the process's, all threads, from the start to the last commit
     appender: dict[str, Any] | None = None  # AppenderStats over the run, for the append methods
     flusher: dict[str, Any] | None = None  # FlusherStats over the run
 
@@ -161,6 +162,7 @@ async def _write_all(
     appended_before = appender.appender(boot.alias).stats.snapshot()
     ready.put(("writer", os.getpid()))
     await asyncio.to_thread(go.wait)
+    cpu = time.process_time()
     writing.start = time.monotonic()
     writing.end = writing.start + duration
     phases = random.Random(slot).random
@@ -170,6 +172,7 @@ async def _write_all(
     writing.result.committed_in_window = writing.committed_now()
     writing.result.window_seconds = time.monotonic() - writing.start
     await asyncio.gather(*tasks)
+    writing.result.cpu_seconds = time.process_time() - cpu
     counting.cancel()
     progress[slot] = writing.committed_now()
     return _finish(writing, boot.alias, appended_before)

@@ -75,6 +75,8 @@ LLM_COLUMNS: list[Column] = [
     ("batches", 8, lambda r: _opt(r["appender_batches"], "d")),
     ("batch", 6, lambda r: _opt(r["mean_batch"], ".0f")),
     ("lag p99", 9, lambda r: _ms(r["schedule_lag_ms"]["p99"])),
+    ("cpu/tok", 8, lambda r: _opt(r.get("writer_cpu_us_per_token"), ".1f")),
+    ("appender", 9, lambda r: _opt(r.get("appender_cpu_us_per_token"), ".1f")),
 ]
 
 LLM_NOTE = (
@@ -83,7 +85,8 @@ LLM_NOTE = (
     "ended; coverage = its share received; xact/s = the server's transactions/s in the window; rss = a reader "
     "process's peak (the daphne server's with --ws); us/entry = the listener's CPU per notification entry of a "
     "followed stream, unfollowed = of a stream nobody in the process follows; "
-    "batches and batch = the appender's commits and their mean size; lag = writer calls' start after their deadline)"
+    "batches and batch = the appender's commits and their mean size; lag = writer calls' start after their deadline; "
+    "cpu/tok = the writer processes' CPU per token in us, pacing included; appender = its appender thread's share)"
 )
 
 

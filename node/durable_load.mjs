@@ -3,7 +3,10 @@
 // Usage: node durable_load.mjs '<options as JSON>'
 //   bases          base URLs of the server (the streams are spread over them: one per process)
 //   prefix         the streams' paths start with it
-//   connections    concurrent appenders, each on its own stream (64)
+//   connections    concurrent appenders, each on its own stream, one append in flight each:
+//                  a list, one part each (the cardinality ladder: [64, 100, 1000])
+//   pacedStreams   streams of the token-per-POST part, each with an SSE reader (0: no such part)
+//   pacedRate      appends/s to each of them
 //   seconds        how long each part runs
 //   payload        bytes per append (64)
 //   readMegabytes  size of the stream the catch-up readers read whole, again and again
@@ -13,6 +16,9 @@
 import { performance } from "node:perf_hooks"
 
 const o = JSON.parse(process.argv[2])
+// Each part is announced on stdout as it starts and ends ("mark <part> start|end"), so that the
+// caller can read the server's counters (transactions, CPU) around it; the report is the last line.
+const mark = (part, phase) => console.log(`mark ${part} ${phase}`)
 const streamUrl = (i, name) => `${o.bases[i % o.bases.length]}/v1/stream/${o.prefix}/${name}`
 
 async function request(url, init, ok = [200, 201, 204]) {
@@ -23,6 +29,17 @@ async function request(url, init, ok = [200, 201, 204]) {
 }
 
 const create = (url, type) => request(url, { method: "PUT", headers: { "Content-Type": type } })
+// At setup: a server that drops a connection under many at once gets a few more tries.
+async function createNow(url, type) {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await create(url, type)
+    } catch (error) {
+      if (attempt >= 5) throw error
+      await new Promise((resolve) => setTimeout(resolve, 100 * attempt))
+    }
+  }
+}
 const append = (url, type, body) => request(url, { method: "POST", headers: { "Content-Type": type }, body })
 
 function percentile(values, p) {
@@ -30,22 +47,130 @@ function percentile(values, p) {
   return sorted.length ? sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))] : null
 }
 
-async function appends() {
+const ms = (values) => ({ p50: percentile(values, 50), p99: percentile(values, 99), max: percentile(values, 100) })
+
+async function appends(connections) {
   const payload = new Uint8Array(o.payload).fill(97)
-  const urls = Array.from({ length: o.connections }, (_, i) => streamUrl(i, `append-${i}`))
-  await Promise.all(urls.map((url) => create(url, "application/octet-stream")))
-  let done = 0
+  const urls = Array.from({ length: connections }, (_, i) => streamUrl(i, `append-${connections}-${i}`))
+  await Promise.all(urls.map((url) => createNow(url, "application/octet-stream")))
+  const took = []
+  let failed = 0
+  mark(`appends-${connections}`, "start")
   const started = performance.now()
   const end = started + o.seconds * 1000
   await Promise.all(
     urls.map(async (url) => {
       while (performance.now() < end) {
-        await append(url, "application/octet-stream", payload)
-        done++
+        const sent = performance.now()
+        try {
+          await append(url, "application/octet-stream", payload)
+          took.push(performance.now() - sent)
+        } catch {
+          failed++
+        }
       }
     })
   )
-  return { appends_per_second: done / ((performance.now() - started) / 1000), appends: done }
+  const seconds = (performance.now() - started) / 1000
+  mark(`appends-${connections}`, "end")
+  return { connections, appends_per_second: took.length / seconds, appends: took.length, failed, latency_ms: ms(took) }
+}
+
+// PUTs of new streams from `connections[0]` connections, one in flight each.
+async function creates() {
+  const connections = o.connections[0]
+  let done = 0
+  let failed = 0
+  mark("creates", "start")
+  const started = performance.now()
+  const end = started + o.seconds * 1000
+  await Promise.all(
+    Array.from({ length: connections }, async (_, c) => {
+      for (let i = 0; performance.now() < end; i++) {
+        try {
+          await create(streamUrl(c, `create-${c}-${i}`), "application/octet-stream")
+          done++
+        } catch {
+          failed++
+        }
+      }
+    })
+  )
+  const seconds = (performance.now() - started) / 1000
+  mark("creates", "end")
+  return { connections, creates_per_second: done / seconds, creates: done, failed }
+}
+
+// The token-per-POST shape: `pacedStreams` streams, each appended "<seq>;" `pacedRate` times a
+// second (open loop: an append is sent on time whether the last one was answered or not) and
+// read by one SSE reader; the time from each append's request to its answer and to its receipt.
+async function paced() {
+  const n = o.pacedStreams
+  const period = 1000 / o.pacedRate
+  const answeredIn = []
+  const deliveredIn = []
+  let failed = 0
+  let missed = 0
+  const controllers = []
+  const streams = await Promise.all(
+    Array.from({ length: n }, async (_, i) => {
+      const url = streamUrl(i, `paced-${i}`)
+      const { response } = await createNow(url, "text/plain")
+      const got = new Map()
+      const received = (text, at) => {
+        for (const seq of text.split(";").filter(Boolean)) if (!got.has(seq)) got.set(seq, at)
+      }
+      const controller = new AbortController()
+      controllers.push(controller)
+      const reader = sseReader(url, response.headers.get("Stream-Next-Offset"), received, controller.signal)
+      return { url, got, reader, sent: [] }
+    })
+  )
+  await new Promise((resolve) => setTimeout(resolve, 1000))
+  mark("paced", "start")
+  const started = performance.now()
+  const end = started + o.seconds * 1000
+  await Promise.all(
+    streams.map(async (stream, i) => {
+      const pending = []
+      let next = started + (i / n) * period // spread the streams over the period
+      for (let seq = 0; next < end; seq++, next += period) {
+        const wait = next - performance.now()
+        if (wait > 0) await new Promise((resolve) => setTimeout(resolve, wait))
+        const sent = performance.now()
+        stream.sent.push(sent)
+        pending.push(
+          append(stream.url, "text/plain", `${seq};`).then(
+            () => answeredIn.push(performance.now() - sent),
+            () => failed++
+          )
+        )
+      }
+      await Promise.all(pending)
+    })
+  )
+  const seconds = (performance.now() - started) / 1000
+  mark("paced", "end")
+  await new Promise((resolve) => setTimeout(resolve, 2000))
+  for (const stream of streams) {
+    stream.sent.forEach((sent, seq) => {
+      const at = stream.got.get(String(seq))
+      if (at === undefined) missed++
+      else deliveredIn.push(at - sent)
+    })
+  }
+  for (const controller of controllers) controller.abort()
+  await Promise.all(streams.map((stream) => stream.reader.catch(() => {})))
+  const offered = n * o.pacedRate
+  return {
+    streams: n,
+    offered_per_second: offered,
+    appends_per_second: answeredIn.length / seconds,
+    failed,
+    missed,
+    answered_ms: ms(answeredIn),
+    delivered_ms: ms(deliveredIn),
+  }
 }
 
 async function readWhole(url) {
@@ -65,16 +190,24 @@ async function catchUp() {
   await create(url, "application/octet-stream")
   const piece = new Uint8Array(65536).map((_, i) => i % 251)
   const pieces = Math.ceil((o.readMegabytes * 1e6) / piece.length)
-  for (let i = 0; i < pieces; i++) await append(url, "application/octet-stream", piece)
+  for (let i = 0; i < pieces; i++) await append(url, "application/octet-stream", piece)  // must all succeed
   const expected = pieces * piece.length
   let bytes = 0
   let reads = 0
+  let failed = 0
+  mark("catch-up", "start")
   const started = performance.now()
   const end = started + o.seconds * 1000
   await Promise.all(
     Array.from({ length: o.readers }, async () => {
       while (performance.now() < end) {
-        const got = await readWhole(url)
+        let got
+        try {
+          got = await readWhole(url)
+        } catch {
+          failed++
+          continue
+        }
         if (got !== expected) throw new Error(`read ${got} bytes of ${expected}`)
         bytes += got
         reads++
@@ -82,7 +215,8 @@ async function catchUp() {
     })
   )
   const seconds = (performance.now() - started) / 1000
-  return { megabytes_per_second: bytes / 1e6 / seconds, whole_reads: reads, stream_megabytes: expected / 1e6 }
+  mark("catch-up", "end")
+  return { megabytes_per_second: bytes / 1e6 / seconds, whole_reads: reads, failed, stream_megabytes: expected / 1e6 }
 }
 
 // One live reader per stream and one writer appending "<seq>;" every `interval` ms: for each
@@ -126,41 +260,63 @@ async function latency(live) {
       await reader.catch(() => {})
     })
   )
-  const ms = (values) => ({ p50: percentile(values, 50), p99: percentile(values, 99), max: percentile(values, 100) })
   return { deliveries: fromRequest.length, missed, from_request_ms: ms(fromRequest), from_response_ms: ms(fromResponse) }
 }
 
+// A reader goes on after a failed request (the server closed the connection, say) from the
+// offset it had, until it is aborted; what it missed shows as missed deliveries.
+const pause = () => new Promise((resolve) => setTimeout(resolve, 50))
+
 async function longPollReader(url, offset, received, signal) {
   while (!signal.aborted) {
-    const response = await fetch(`${url}?offset=${encodeURIComponent(offset)}&live=long-poll`, { signal })
-    const text = await response.text()
-    const at = performance.now()
-    if (response.status === 200 && text) received(text, at)
-    offset = response.headers.get("Stream-Next-Offset") ?? offset
+    try {
+      const response = await fetch(`${url}?offset=${encodeURIComponent(offset)}&live=long-poll`, { signal })
+      const text = await response.text()
+      const at = performance.now()
+      if (response.status === 200 && text) received(text, at)
+      offset = response.headers.get("Stream-Next-Offset") ?? offset
+    } catch {
+      if (!signal.aborted) await pause()
+    }
   }
 }
 
 async function sseReader(url, offset, received, signal) {
   while (!signal.aborted) {
-    const response = await fetch(`${url}?offset=${encodeURIComponent(offset)}&live=sse`, { signal })
-    const decoder = new TextDecoder()
-    let buffer = ""
-    for await (const part of response.body) {
-      buffer += decoder.decode(part, { stream: true })
-      let cut
-      while ((cut = buffer.indexOf("\n\n")) >= 0) {
-        const event = buffer.slice(0, cut)
-        buffer = buffer.slice(cut + 2)
-        const lines = event.split("\n")
-        const data = lines.filter((l) => l.startsWith("data:")).map((l) => l.slice(5)).join("\n")
-        if (lines.includes("event: data")) received(data, performance.now())
-        else if (lines.includes("event: control")) offset = JSON.parse(data).streamNextOffset
-      }
+    try {
+      offset = await sseResponse(url, offset, received, signal)
+    } catch {
+      if (!signal.aborted) await pause()
     }
   }
 }
 
-const report = { appends: await appends(), catch_up: await catchUp() }
+// One SSE response read to its end; the offset its last control event gave.
+async function sseResponse(url, offset, received, signal) {
+  const response = await fetch(`${url}?offset=${encodeURIComponent(offset)}&live=sse`, { signal })
+  const decoder = new TextDecoder()
+  let buffer = ""
+  for await (const part of response.body) {
+    buffer += decoder.decode(part, { stream: true })
+    let cut
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      const event = buffer.slice(0, cut)
+      buffer = buffer.slice(cut + 2)
+      const lines = event.split("\n")
+      const data = lines.filter((l) => l.startsWith("data:")).map((l) => l.slice(5)).join("\n")
+      if (lines.includes("event: data")) received(data, performance.now())
+      else if (lines.includes("event: control")) offset = JSON.parse(data).streamNextOffset
+    }
+  }
+  if (response.status !== 200) await pause()
+  return offset
+}
+
+const report = { appends: [] }
+for (const connections of o.connections) report.appends.push(await appends(connections))
+report.creates = await creates()
+report.catch_up = await catchUp()
+if (o.pacedStreams > 0) report.paced = await paced()
 report.long_poll = await latency("long-poll")
 report.sse = await latency("sse")
 console.log(JSON.stringify(report))

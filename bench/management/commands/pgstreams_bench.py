@@ -82,11 +82,24 @@ class Command(BaseCommand):
         parser.add_argument(
             "--durable",
             action="store_true",
-            help="instead of the modes: the same load from node (--connections appenders, catch-up readers, "
-            "long-poll and SSE readers) on the Durable Streams reference server (file-backed) and on pgstreams' "
+            help="instead of the modes: the same load from node (--connections appenders, creates, catch-up "
+            "readers, --paced-streams token-per-POST streams read over SSE, long-poll and SSE readers) on the "
+            "Durable Streams reference server (file-backed) and on pgstreams' "
             "endpoint in each number of daphne processes of --processes; --duration seconds per part",
         )
-        parser.add_argument("--connections", type=int, default=64, help="concurrent appenders, with --durable")
+        parser.add_argument(
+            "--connections",
+            default="64,100,1000",
+            help="with --durable: concurrent appenders, one stream and one append in flight each, one part per "
+            "number (comma-separated)",
+        )
+        parser.add_argument(
+            "--paced-streams",
+            type=int,
+            default=1000,
+            help="with --durable: streams of the token-per-POST part (0 for none)",
+        )
+        parser.add_argument("--paced-rate", type=float, default=20.0, help="with --durable: appends/s to each of them")
         parser.add_argument(
             "--processes", default="1,2", help="daphne process counts for --durable, comma-separated (default 1,2)"
         )
@@ -109,7 +122,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **o: Any) -> None:
         if o["readers"] is None:
             o["readers"] = 1 if o["llm"] else 2
-        for name in ("writers", "readers", "fanout", "streams_per_writer", "clients", "connections"):
+        for name in ("writers", "readers", "fanout", "streams_per_writer", "clients"):
             if o[name] < (0 if name == "readers" else 1):
                 raise CommandError(f"--{name.replace('_', '-')} must be at least {0 if name == 'readers' else 1}")
         if o["duration"] <= 0 or (o["rate"] is not None and o["rate"] <= 0):
@@ -171,7 +184,15 @@ class Command(BaseCommand):
     def run_durable(self, o: dict[str, Any]) -> dict[str, Any]:
         if o["llm"] or o["replica"]:
             raise CommandError("--durable, --llm and --replica are three benchmarks: run them one at a time")
-        config = DurableConfig(seconds=o["duration"], connections=o["connections"], processes=_counts(o, "processes"))
+        if o["paced_streams"] < 0 or o["paced_rate"] <= 0:
+            raise CommandError("--paced-streams must be at least 0 and --paced-rate above 0")
+        config = DurableConfig(
+            seconds=o["duration"],
+            connections=_counts(o, "connections"),
+            paced_streams=o["paced_streams"],
+            paced_rate=o["paced_rate"],
+            processes=_counts(o, "processes"),
+        )
         try:
             return run_durable(config, say=self.say)
         except RuntimeError as exc:
