@@ -24,7 +24,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -62,15 +62,15 @@ def run_durable(config: DurableConfig, say: Callable[[str], None] = print) -> di
     node = _node()
     runs: dict[str, Any] = {}
     prefix = f"pgstreams-bench-{uuid.uuid4().hex[:8]}"
-    with _reference() as (base, pids):
-        say("durable: the reference server (file-backed)")
-        runs["reference, file-backed"] = _load(node, [base], pids, config, f"{prefix}/reference")
+    parts = [f"appends:{n}" for n in config.connections] + ["creates", "catch_up"]
+    parts += (["paced"] if config.paced_streams else []) + ["long_poll", "sse"]
+    say("durable: the reference server (file-backed)")
+    runs["reference, file-backed"] = _parts(node, parts, _reference, config, f"{prefix}/reference")
     try:
         for n in config.processes:
             say(f"durable: pgstreams, {n} daphne process(es)")
-            with _daphnes(n) as (bases, pids):
-                name = f"pgstreams, {n} daphne process{'es' if n > 1 else ''}"
-                runs[name] = _load(node, bases, pids, config, f"{prefix}/{n}")
+            name = f"pgstreams, {n} daphne process{'es' if n > 1 else ''}"
+            runs[name] = _parts(node, parts, lambda n=n: _daphnes(n), config, f"{prefix}/{n}")
     finally:
         Stream.objects.using(conf.database()).filter(path__startswith=prefix).delete()
     with connections[conf.database()].cursor() as cursor:
@@ -90,9 +90,35 @@ def _node() -> str:
     return node
 
 
-def _load(node: str, bases: list[str], pids: list[int], config: DurableConfig, prefix: str) -> dict[str, Any]:
-    """One run of the load on the server at ``bases`` (its processes ``pids``), with each part's
-    server CPU and write transactions."""
+def _parts(
+    node: str,
+    parts: list[str],
+    serve: Callable[[], AbstractContextManager[tuple[list[str], list[int]]]],
+    config: DurableConfig,
+    prefix: str,
+) -> dict[str, Any]:
+    """Each part on a server started afresh (``serve()``: its base URLs and processes), so that
+    a server one part brings down does not fail the parts after it: that part is reported as
+    failed."""
+    merged: dict[str, Any] = {"appends": [], "server": {}, "failed": {}}
+    for part in parts:
+        try:
+            with serve() as (bases, pids):
+                report = _load(node, bases, pids, config, f"{prefix}/{part.replace(':', '-')}", part)
+        except RuntimeError as exc:
+            merged["failed"][part] = str(exc)[-300:]
+            continue
+        merged["appends"] += report.pop("appends", [])
+        merged["server"].update(report.pop("server"))
+        merged.update(report)
+    return merged
+
+
+def _load(
+    node: str, bases: list[str], pids: list[int], config: DurableConfig, prefix: str, part: str
+) -> dict[str, Any]:
+    """One part of the load on the server at ``bases`` (its processes ``pids``), with the
+    server's CPU and write transactions during it."""
     options = {
         "bases": bases,
         "prefix": prefix,
@@ -105,6 +131,7 @@ def _load(node: str, bases: list[str], pids: list[int], config: DurableConfig, p
         "interval": config.interval,
         "pacedStreams": config.paced_streams,
         "pacedRate": config.paced_rate,
+        "part": part,
     }
     counters = _Counters(pids)
     errors = tempfile.TemporaryFile("w+")  # not a pipe: nobody reads it while the load runs
@@ -167,7 +194,7 @@ class _Counters:
 
 
 @contextmanager
-def _reference() -> Iterator[tuple[str, list[int]]]:
+def _reference() -> Iterator[tuple[list[str], list[int]]]:
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="pgstreams-bench-reference-") as data:
         server = subprocess.Popen(
@@ -178,7 +205,7 @@ def _reference() -> Iterator[tuple[str, list[int]]]:
         )
         try:
             _wait_for_port(port, _Alive(server))
-            yield f"http://127.0.0.1:{port}", [server.pid]
+            yield [f"http://127.0.0.1:{port}"], [server.pid]
         finally:
             server.terminate()
             server.wait(10)
@@ -227,16 +254,16 @@ def table(report: dict[str, Any]) -> str:
     """The runs side by side, as a Markdown table."""
     names = list(report["runs"])
     rows: list[tuple[str, Callable[[dict[str, Any]], str]]] = []
-    for i, n in enumerate(report["config"]["connections"]):
+    for n in report["config"]["connections"]:
         rows += [
             (
                 f"{n} connections, 64 B appends: appends/s (failed)",
-                lambda r, i=i: f"{r['appends'][i]['appends_per_second']:,.0f} ({r['appends'][i]['failed']})",
+                lambda r, n=n: f"{_appends(r, n)['appends_per_second']:,.0f} ({_appends(r, n)['failed']})",
             ),
-            (f"{n} connections: append p50 / p99 ms", lambda r, i=i: _ms(r["appends"][i]["latency_ms"])),
+            (f"{n} connections: append p50 / p99 ms", lambda r, n=n: _ms(_appends(r, n)["latency_ms"])),
             (
                 f"{n} connections: appends per write transaction, server CPU per append",
-                lambda r, i=i: _per_append(r, f"appends-{r['appends'][i]['connections']}", r["appends"][i]["appends"]),
+                lambda r, n=n: _per_append(r, f"appends-{n}", _appends(r, n)["appends"]),
             ),
         ]
     rows += [
@@ -267,8 +294,26 @@ def table(report: dict[str, Any]) -> str:
         )
         rows.append((f"{label}: deliveries (missed)", lambda r, k=live: f"{r[k]['deliveries']} ({r[k]['missed']})"))
     lines = ["| | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
-    lines += [f"| {label} | " + " | ".join(cell(report["runs"][n]) for n in names) + " |" for label, cell in rows]
+    lines += [
+        f"| {label} | " + " | ".join(_cell(cell, report["runs"][name]) for name in names) + " |" for label, cell in rows
+    ]
     return "\n".join(lines)
+
+
+def _appends(run: dict[str, Any], connections: int) -> dict[str, Any]:
+    """The appends part of ``run`` with ``connections`` connections (KeyError if it failed)."""
+    for part in run["appends"]:
+        if part["connections"] == connections:
+            return part
+    raise KeyError(connections)
+
+
+def _cell(cell: Callable[[dict[str, Any]], str], run: dict[str, Any]) -> str:
+    """A figure of ``run``, or "failed" for a part that did not complete (``run["failed"]``)."""
+    try:
+        return cell(run)
+    except (KeyError, IndexError):
+        return "failed"
 
 
 def _ms(figures: dict[str, float | None]) -> str:

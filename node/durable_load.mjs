@@ -3,9 +3,10 @@
 // Usage: node durable_load.mjs '<options as JSON>'
 //   bases          base URLs of the server (the streams are spread over them: one per process)
 //   prefix         the streams' paths start with it
-//   connections    concurrent appenders, each on its own stream, one append in flight each:
-//                  a list, one part each (the cardinality ladder: [64, 100, 1000])
-//   pacedStreams   streams of the token-per-POST part, each with an SSE reader (0: no such part)
+//   connections    concurrent appenders, each on its own stream, one append in flight each (a
+//                  list: the first is also the creates part's)
+//   part           the part to run: appends:<connections>, creates, catch_up, paced, long_poll, sse
+//   pacedStreams   streams of the token-per-POST part, each with an SSE reader
 //   pacedRate      appends/s to each of them
 //   seconds        how long each part runs
 //   payload        bytes per append (64)
@@ -312,11 +313,13 @@ async function sseResponse(url, offset, received, signal) {
   return offset
 }
 
-const report = { appends: [] }
-for (const connections of o.connections) report.appends.push(await appends(connections))
-report.creates = await creates()
-report.catch_up = await catchUp()
-if (o.pacedStreams > 0) report.paced = await paced()
-report.long_poll = await latency("long-poll")
-report.sse = await latency("sse")
+// One part per run (`part`), so that the caller can start each on a fresh server.
+const report = {}
+if (o.part.startsWith("appends:")) report.appends = [await appends(Number(o.part.slice("appends:".length)))]
+else if (o.part === "creates") report.creates = await creates()
+else if (o.part === "catch_up") report.catch_up = await catchUp()
+else if (o.part === "paced") report.paced = await paced()
+else if (o.part === "long_poll") report.long_poll = await latency("long-poll")
+else if (o.part === "sse") report.sse = await latency("sse")
+else throw new Error(`no part ${o.part}`)
 console.log(JSON.stringify(report))
