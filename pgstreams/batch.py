@@ -25,12 +25,15 @@ from . import contents, producers
 from .exceptions import StreamClosed, StreamError, StreamNotFound
 from .types import Mark, Producer
 
+# Whether a stream's expiry (Stream-Expires-At, or a TTL since its last use) has passed, by the
+# database's clock at this moment (a transaction's now() is its start); NULL for neither. The
+# Durable Streams endpoint judges expiry by the same expression.
+EXPIRY_PASSED = "(expires_at <= clock_timestamp() OR used_at + make_interval(secs => ttl) <= clock_timestamp())"
 # The batch's streams, locked in id order, as they are; those another transaction holds are
 # skipped (SKIP LOCKED): their items wait for a later batch. Expired streams count as gone.
-LOCK_SQL = """
+LOCK_SQL = f"""
 SELECT id, path, owner_id, content_type, next_offset, closed_at IS NOT NULL, writer_seq, ttl, expires_at,
-       deleted_at IS NOT NULL OR coalesce(
-           expires_at <= clock_timestamp() OR used_at + make_interval(secs => ttl) <= clock_timestamp(), false)
+       deleted_at IS NOT NULL OR coalesce({EXPIRY_PASSED}, false)
 FROM pgstreams_stream WHERE id = ANY(%b) ORDER BY id FOR NO KEY UPDATE SKIP LOCKED
 """
 # Which of the streams not locked exist: those are held by another transaction.

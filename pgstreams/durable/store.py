@@ -26,6 +26,7 @@ from django.db import IntegrityError, OperationalError, connections, transaction
 from django.db.models.functions import Now
 
 from .. import conf, notify
+from ..batch import EXPIRY_PASSED
 from ..models import Stream, is_text, media_type
 from ..types import Mark
 from ..writer import after_commit, committed, prepared_cursor
@@ -141,10 +142,7 @@ def authorize(request: Any, action: Action, path: str, stream: Stream | None) ->
 # one prepared statement: every request starts with it, and building it through the ORM cost
 # more than the rest of an append.
 _COLUMNS = [field.attname for field in Stream._meta.concrete_fields]
-_EXPIRED = (
-    "(deleted_at IS NULL AND (expires_at <= clock_timestamp()"
-    " OR used_at + make_interval(secs => ttl) <= clock_timestamp()))"
-)
+_EXPIRED = f"(deleted_at IS NULL AND {EXPIRY_PASSED})"
 _LOOKUP_SQL = f"SELECT {', '.join(_COLUMNS)}, coalesce({_EXPIRED}, false) FROM pgstreams_stream WHERE path = %s"
 
 
