@@ -210,13 +210,18 @@ class _Inbox:
     """A follower for a reader that takes its batches itself (a streaming response's body):
     the fan leaves them here, and wakes it; at most INBOX_CHUNKS chunks and INBOX_BYTES of their
     data wait, beyond one batch (a reader that does not come for them is handed back, and reads
-    by itself)."""
+    by itself). Waking costs a future per wait, and silence one timer per ``idle`` seconds, not
+    one per batch: a reader is owed a keepalive once a whole interval passed with no batch, so
+    after between one and two intervals of silence."""
 
-    def __init__(self, position: int) -> None:
+    def __init__(self, position: int, idle: float | None) -> None:
         self.position = position
         self.batches: collections.deque[tuple[Progress, int]] = collections.deque()  # and its data's size
         self.chunks = self.bytes = 0  # waiting
-        self.arrived = asyncio.Event()
+        self.waiter: asyncio.Future[None] | None = None  # the reader's, while it waits
+        self.heard = False  # a batch came in the current interval
+        self.owed = False  # a keepalive: an interval passed with no batch
+        self.ticking = None if idle is None else asyncio.get_running_loop().call_later(idle, self.tick, idle)
 
     def take(self, progress: Progress) -> bool:
         size = sum(len(chunk.data) for chunk in progress.chunks)
@@ -226,7 +231,8 @@ class _Inbox:
         self.bytes += size
         self.batches.append((progress, size))
         self.position = progress.chunks[-1].offset + 1
-        self.arrived.set()
+        self.heard = True
+        self.wake()
         return True
 
     def next(self) -> Progress:
@@ -234,6 +240,28 @@ class _Inbox:
         self.chunks -= len(progress.chunks)
         self.bytes -= size
         return progress
+
+    def wake(self, *_: object) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    def tick(self, idle: float) -> None:
+        if not self.heard:
+            self.owed = True
+            self.wake()
+        self.heard = False
+        self.ticking = asyncio.get_running_loop().call_later(idle, self.tick, idle)
+
+    async def wait(self) -> None:
+        self.waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self.waiter
+        finally:
+            self.waiter = None
+
+    def close(self) -> None:
+        if self.ticking is not None:
+            self.ticking.cancel()
 
 
 async def afollow(stream_id: uuid.UUID, *, from_offset: int = 0, idle: float | None = None) -> AsyncIterator[Progress]:
@@ -253,10 +281,12 @@ async def afollow(stream_id: uuid.UUID, *, from_offset: int = 0, idle: float | N
                     break
             else:
                 return
-        inbox = _Inbox(position)
+        inbox = _Inbox(position, idle)
         handback = join(stream_id, inbox)
         if handback is None:
+            inbox.close()
             continue
+        handback.add_done_callback(inbox.wake)
         try:
             while True:
                 while inbox.batches:
@@ -266,15 +296,13 @@ async def afollow(stream_id: uuid.UUID, *, from_offset: int = 0, idle: float | N
                         return
                 if handback.done():
                     break
-                inbox.arrived.clear()
-                waiting = asyncio.ensure_future(inbox.arrived.wait())
-                try:
-                    done, _ = await asyncio.wait([waiting, handback], timeout=idle, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    waiting.cancel()
-                if not done:
+                if inbox.owed:
+                    inbox.owed = False
                     yield Progress([], caught_up=True, closed=False)  # idle: a keepalive
+                    continue
+                await inbox.wait()
         finally:
+            inbox.close()
             leave(stream_id, inbox)
         why = handback.result()
         if isinstance(why, BaseException):

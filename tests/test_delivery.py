@@ -1,0 +1,83 @@
+"""The fans of ``delivery``: subscribers of one stream at its tail in one event loop share one
+task that steps through each round for them all, get every chunk once and in order, hear a
+keepalive when the stream is silent, and are handed back to read by themselves, losing nothing,
+when they fall behind."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+
+import pgstreams
+from pgstreams import delivery
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+async def take_chunks(follow, n: int) -> list[tuple[int, str]]:
+    """The next ``n`` chunks of ``follow`` (keepalives skipped), as (offset, data)."""
+    got: list[tuple[int, str]] = []
+    while len(got) < n:
+        progress = await asyncio.wait_for(anext(follow), 10)
+        got += [(c.offset, c.data) for c in progress.chunks]
+    return got
+
+
+async def test_subscribers_at_the_tail_share_one_fan_and_each_get_every_chunk_once_in_order() -> None:
+    s = await pgstreams.acreate_stream()
+    await pgstreams.awrite(s.id, "before")
+    follows = [delivery.afollow(s.id) for _ in range(5)]
+    try:
+        assert [await take_chunks(f, 1) for f in follows] == [[(0, "before")]] * 5
+        pending = [asyncio.ensure_future(take_chunks(f, 30)) for f in follows]
+        await asyncio.sleep(0.05)  # each is at the tail, waiting
+        fan = delivery._fans[asyncio.get_running_loop()][s.id]
+        assert len(fan.followers) == 5
+        for i in range(30):
+            await pgstreams.awrite(s.id, f"c{i}")
+        want = [(i + 1, f"c{i}") for i in range(30)]
+        assert await asyncio.gather(*pending) == [want] * 5
+    finally:
+        for f in follows:
+            await f.aclose()
+    await asyncio.wait([fan.task], timeout=5)  # the last to leave ends it
+    assert fan.task.done() and s.id not in delivery._fans.get(asyncio.get_running_loop(), {})
+
+
+async def test_a_subscriber_at_the_fan_hears_keepalives_while_the_stream_is_silent_and_then_its_chunks() -> None:
+    s = await pgstreams.acreate_stream()
+    await pgstreams.awrite(s.id, "first")
+    follow = delivery.afollow(s.id, idle=0.2)
+    try:
+        assert (await anext(follow)).chunks[0].data == "first"
+        waited = asyncio.get_running_loop().time()
+        for _ in range(3):  # each after between one and two idle intervals
+            assert (await asyncio.wait_for(anext(follow), 2)).chunks == []
+        assert asyncio.get_running_loop().time() - waited >= 0.6
+        assert s.id in delivery._fans[asyncio.get_running_loop()]  # heard at the fan, not read anew
+        await pgstreams.awrite(s.id, "after the silence")
+        assert await take_chunks(follow, 1) == [(1, "after the silence")]
+    finally:
+        await follow.aclose()
+
+
+async def test_a_subscriber_that_does_not_come_for_its_chunks_is_handed_back_and_loses_none(monkeypatch) -> None:
+    monkeypatch.setattr(delivery, "INBOX_CHUNKS", 3)
+    s = await pgstreams.acreate_stream()
+    await pgstreams.awrite(s.id, "c0")
+    slow, quick = delivery.afollow(s.id), delivery.afollow(s.id)
+    try:
+        assert await take_chunks(slow, 1) == await take_chunks(quick, 1) == [(0, "c0")]
+        reading = asyncio.ensure_future(take_chunks(quick, 40))
+        for i in range(1, 41):  # one at a time: each its own round, past the slow one's inbox
+            await pgstreams.awrite(s.id, f"c{i}")
+            await asyncio.sleep(0.005)
+        want = [(i, f"c{i}") for i in range(1, 41)]
+        assert await reading == want
+        assert await take_chunks(slow, 40) == want  # read by itself from where its inbox ended
+    finally:
+        for f in (slow, quick):
+            with contextlib.suppress(Exception):
+                await f.aclose()
