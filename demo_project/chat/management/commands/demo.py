@@ -38,8 +38,9 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, addrport: str, **options: Any) -> None:
         from channels.routing import get_default_application
-        from daphne.endpoints import build_endpoint_description_strings
         from daphne.server import Server
+
+        from bench.servers import daphne_endpoint  # with a backlog for a thousand reconnecting browsers
 
         host, port = parse_addrport(addrport)
         call_command("migrate", interactive=False, verbosity=0)
@@ -52,6 +53,6 @@ class Command(BaseCommand):
         self.stdout.flush()
         Server(
             application=get_default_application(),
-            endpoints=build_endpoint_description_strings(host=host, port=port),
+            endpoints=[daphne_endpoint(host, port)],
             server_name="pgstreams-demo",
         ).run()
