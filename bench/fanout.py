@@ -36,7 +36,8 @@ from .ws import PeakMemory, _free_port, _wait_for_port
 ROOT = Path(__file__).resolve().parent.parent
 TRANSPORTS = ("ws", "sse", "ds-sse", "ds-lp")
 SUBSCRIBERS_PER_NODE = 1000  # subscribers one Node process takes at most
-SETTLE = 2.0  # seconds between the subscribers' connecting and the first write
+CONNECT_TIMEOUT = 120.0  # seconds the subscribers have to connect, all of them
+SETTLE = 0.5  # seconds between the last subscriber's connecting and the first write
 DRAIN = 3.0  # seconds the subscribers stay after the last write
 
 
@@ -117,10 +118,25 @@ def _subscribers(
             [node, "fanout_load.mjs", json.dumps({**options, "streams": part, "subscribers": n})],
             cwd=NODE,
             stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
         )
         for part, n in groups
     ]
+
+
+def _connected(clients: list[subprocess.Popen[str]]) -> float:
+    """Wait until every subscriber has connected (or failed to): each Node process says "ready"
+    on stderr; the seconds that took (the connect storm, reported apart from delivery)."""
+    began = time.monotonic()
+    for client in clients:
+        assert client.stderr is not None
+        while (line := client.stderr.readline()) != "ready\n":  # bounded: the process says it, or ends
+            if not line:
+                raise RuntimeError(f"a subscriber process ended before its subscribers connected ({client.poll()})")
+            if time.monotonic() - began > CONNECT_TIMEOUT:
+                raise RuntimeError(f"the subscribers did not connect within {CONNECT_TIMEOUT:.0f} s")
+    return time.monotonic() - began
 
 
 def _collect(clients: list[subprocess.Popen[str]], timeout: float) -> list[dict[str, Any]]:
@@ -171,6 +187,7 @@ def _pgstreams_run(node: str, server: str, transport: str, shape: Shape, seconds
         with serving(server, "demo_project.asgi:application") as (base, process):
             writer.start()
             clients = _subscribers(node, base, transport, streams, shape, SETTLE + seconds + DRAIN, idle=False)
+            connect = _connected(clients)
             time.sleep(SETTLE)
             memory = PeakMemory(process.pid)
             memory.start()
@@ -183,28 +200,32 @@ def _pgstreams_run(node: str, server: str, transport: str, shape: Shape, seconds
         writer.join(30)
     finally:
         Stream.objects.using(conf.database()).filter(label="pgstreams-bench-fanout").delete()
-    return _figures(out, cpu, memory.peak, seconds, expected=sum(written.values()) * shape.subscribers)
+    return _figures(out, cpu, memory.peak, seconds, sum(written.values()) * shape.subscribers, connect)
 
 
 def _ceiling_run(node: str, server: str, transport: str, shape: Shape, seconds: float) -> dict[str, Any]:
     streams = [{"id": str(uuid.uuid4()), "path": f"raw/{i}"} for i in range(shape.streams)]
     with serving(server, "bench.raw_asgi:application") as (base, process):
         clients = _subscribers(node, base, transport, streams, shape, SETTLE + seconds + DRAIN, idle=False)
+        connect = _connected(clients)
         time.sleep(SETTLE)
         memory = PeakMemory(process.pid)
         memory.start()
         cpu = _cpu(process)
-        httpx.post(f"{base}/raw/start", json={"streams": streams, "rate": shape.rate, "seconds": seconds}, timeout=10)
+        httpx.post(f"{base}/raw/start", json={"streams": streams, "rate": shape.rate, "seconds": seconds}, timeout=60)
         out = _collect(clients, timeout=SETTLE + seconds + DRAIN + 60)
         cpu = _cpu(process) - cpu
         memory.stop.set()
     expected = int(shape.rate * seconds) * shape.streams * shape.subscribers
-    return _figures(out, cpu, memory.peak, seconds, expected)
+    return _figures(out, cpu, memory.peak, seconds, expected, connect)
 
 
-def _figures(out: list[dict[str, Any]], cpu: float, peak: int, seconds: float, expected: int) -> dict[str, Any]:
+def _figures(
+    out: list[dict[str, Any]], cpu: float, peak: int, seconds: float, expected: int, connect: float
+) -> dict[str, Any]:
     deliveries = sum(r["deliveries"] for r in out)
     return {
+        "connect_s": round(connect, 2),  # until every subscriber had connected
         "deliveries_per_s": round(deliveries / seconds, 1),
         "e2e_ms": _latencies(out),
         "coverage": round(deliveries / expected, 4) if expected else None,
@@ -218,9 +239,9 @@ def _figures(out: list[dict[str, Any]], cpu: float, peak: int, seconds: float, e
     }
 
 
-def _idle_run(node: str, server: str, transport: str, connections: int) -> dict[str, Any]:
-    """``connections`` idle subscribers on ``connections // 10`` streams: the server's RSS per
-    connection, and its CPU over ten idle seconds."""
+def _idle_run(node: str, server: str, transport: str, connections: int, app: str) -> dict[str, Any]:
+    """``connections`` idle subscribers on ``connections // 10`` streams of ``app`` (the demo, or
+    the raw ceiling): the server's RSS per connection, and its CPU over ten idle seconds."""
     from pgstreams import conf
     from pgstreams.models import Stream
 
@@ -231,12 +252,13 @@ def _idle_run(node: str, server: str, transport: str, connections: int) -> dict[
     )
     streams = [{"id": str(s.id), "path": s.path} for s in made]
     try:
-        with serving(server, "demo_project.asgi:application") as (base, process):
+        with serving(server, app) as (base, process):
             time.sleep(1.0)
             before = process.memory_info().rss
             shape = Shape(len(streams), 10, 1)
-            clients = _subscribers(node, base, transport, streams, shape, 25.0, idle=True)
-            time.sleep(10.0)  # all connected
+            clients = _subscribers(node, base, transport, streams, shape, 12.0, idle=True)
+            connect = _connected(clients)
+            time.sleep(1.0)
             cpu, rss = _cpu(process), process.memory_info().rss
             time.sleep(10.0)
             cpu = _cpu(process) - cpu
@@ -245,6 +267,7 @@ def _idle_run(node: str, server: str, transport: str, connections: int) -> dict[
         Stream.objects.using(conf.database()).filter(label="pgstreams-bench-fanout").delete()
     return {
         "connections": connections,
+        "connect_s": round(connect, 2),
         "kib_per_connection": round((rss - before) / connections / 1024, 1),
         "idle_cpu_percent": round(cpu / 10.0 * 100, 1),
     }
@@ -267,26 +290,33 @@ def run_fanout(config: FanoutConfig, say: Callable[[str], None] = print) -> dict
                 runs.append(row)
             if config.idle and transport in ("ws", "sse"):
                 say(f"fanout: {server}, {transport}, {config.idle} idle connections")
-                runs.append(
-                    {"server": server, "transport": transport, "idle": _idle_run(node, server, transport, config.idle)}
-                )
+                row = {"server": server, "transport": transport}
+                row["idle"] = _idle_run(node, server, transport, config.idle, "demo_project.asgi:application")
+                if config.ceiling:
+                    row["ceiling_idle"] = _idle_run(node, server, transport, config.idle, "bench.raw_asgi:application")
+                runs.append(row)
     return {"config": asdict(config), "runs": runs}
 
 
 def table(report: dict[str, Any]) -> str:
-    lines = ["server   transport shape        deliveries/s  p50 ms  p99 ms  max ms  coverage  us/delivery  of ceiling"]
+    lines = [
+        "server   transport shape        connect s  deliveries/s  p50 ms  p99 ms  max ms  coverage  us/delivery"
+        "  of ceiling"
+    ]
     for row in report["runs"]:
         if "idle" in row:
-            idle = row["idle"]
+            idle, raw = row["idle"], row.get("ceiling_idle")
             lines.append(
                 f"{row['server']:<8} {row['transport']:<9} {idle['connections']} idle: "
-                f"{idle['kib_per_connection']} KiB each, {idle['idle_cpu_percent']}% CPU"
+                f"{idle['kib_per_connection']} KiB each, {idle['idle_cpu_percent']}% CPU, connected in "
+                f"{idle['connect_s']} s" + (f"; the raw app: {raw['kib_per_connection']} KiB each" if raw else "")
             )
             continue
         p = row["pgstreams"]
         e = p["e2e_ms"]
         lines.append(
-            f"{row['server']:<8} {row['transport']:<9} {row['shape']:<12} {p['deliveries_per_s']:>12,.0f} "
+            f"{row['server']:<8} {row['transport']:<9} {row['shape']:<12} {p['connect_s']:>9} "
+            f"{p['deliveries_per_s']:>13,.0f} "
             f"{e['p50'] or 0:>7} {e['p99'] or 0:>7} {e['max'] or 0:>7} {p['coverage'] or 0:>9} "
             f"{p['server_cpu_us_per_delivery'] or 0:>12} {row.get('of_ceiling', '-'):>11}"
         )

@@ -22,6 +22,11 @@ from typing import Any
 # stream id or path -> the sends of its subscribers, by kind
 _subscribers: dict[str, dict[str, list[Any]]] = defaultdict(lambda: {"ws": [], "sse": [], "ds-sse": []})
 _tasks: set[asyncio.Task[None]] = set()
+_FIRST = {
+    "sse": b"retry: 1000\n\n",
+    "ds-sse": b'event: control\ndata:{"streamNextOffset": "0000000000000000_0000000000000000", '
+    b'"streamCursor": "0"}\n\n',
+}
 
 
 def _encoded(kind: str, stream: str, offset: int, data: str) -> dict[str, Any]:
@@ -95,6 +100,8 @@ async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
     else:  # /pgstreams/streams/<id>/events
         kind, key = "sse", path.split("/")[3]
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+    # What pgstreams answers first, before any chunk (daphne sends the headers with it).
+    await send({"type": "http.response.body", "body": _FIRST[kind], "more_body": True})
     sends = _subscribers[key][kind]
     sends.append(send)
     try:

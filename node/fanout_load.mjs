@@ -4,13 +4,15 @@
 // data is the wall-clock time it was written (seconds, a JSON number): a delivery's latency is its
 // receipt's wall-clock time less that. Prints one JSON object: deliveries, latencies as a
 // histogram of 0.1 ms buckets, duplicates, gaps, each stream's highest offset seen by each
-// subscriber, errors, and this process's CPU seconds.
+// subscriber, errors, this process's CPU seconds and how long its subscribers took to connect.
+// Once every subscriber has connected (or failed to), it writes "ready" to stderr, and follows
+// for `seconds` from then.
 // Usage: node fanout_load.mjs '<options as JSON>'
 //   base        http://host:port of the server
 //   transport   ws | sse | ds-sse | ds-lp
 //   streams     [{id, path}] the streams to follow
 //   subscribers how many subscribers of each stream
-//   seconds     how long to follow before leaving (the writers stop earlier)
+//   seconds     how long to follow once all are connected (the writers stop earlier)
 //   idle        true: open the connections, receive nothing, report after `seconds`
 import { performance } from "node:perf_hooks"
 import WebSocket from "ws"
@@ -23,6 +25,20 @@ let duplicates = 0
 let gaps = 0
 const errors = []
 const cpuStart = process.cpuUsage()
+
+// Every subscriber connects (or fails to) once; then all follow for o.seconds, and leave.
+const started = performance.now()
+let settled = 0
+let total = 0
+let connectMs = null
+const leaving = new Set() // each subscriber's way to leave
+function connected() {
+  if (++settled === total) {
+    connectMs = performance.now() - started
+    process.stderr.write("ready\n")
+    setTimeout(() => leaving.forEach((leave) => leave()), o.seconds * 1000)
+  }
+}
 
 function wallSeconds() {
   return (performance.timeOrigin + performance.now()) / 1000
@@ -51,7 +67,7 @@ class Position {
   }
 }
 
-function websocket(stream, position, deadline) {
+function websocket(stream, position) {
   return new Promise((resolve) => {
     const ws = new WebSocket(`${origin}/ws/pgstreams/${stream.id}/?from=0`, {
       perMessageDeflate: false,
@@ -67,7 +83,13 @@ function websocket(stream, position, deadline) {
         acked = position.next
       }
     }
-    const stop = setTimeout(() => ws.close(1000), Math.max(0, deadline - performance.now()))
+    let opened = false
+    const leave = () => ws.close(1000)
+    leaving.add(leave)
+    ws.on("open", () => {
+      opened = true
+      connected()
+    })
     ws.on("message", (raw) => {
       const message = JSON.parse(raw)
       if (message.type === "chunks") {
@@ -82,7 +104,8 @@ function websocket(stream, position, deadline) {
     ws.on("error", (error) => errors.length < 20 && errors.push(String(error)))
     ws.on("close", () => {
       clearTimeout(timer)
-      clearTimeout(stop)
+      leaving.delete(leave)
+      if (!opened) connected() // it never will
       resolve()
     })
   })
@@ -109,22 +132,27 @@ async function* events(response) {
   }
 }
 
-async function sse(url, position, deadline, onEvent) {
+async function sse(url, position, onEvent) {
   const controller = new AbortController()
-  const stop = setTimeout(() => controller.abort(), Math.max(0, deadline - performance.now()))
+  const leave = () => controller.abort()
+  leaving.add(leave)
+  let opened = false
   try {
     const response = await fetch(url, { signal: controller.signal })
+    opened = true
+    connected()
     for await (const [event, data] of events(response)) if (onEvent(event, data) === "end") break
   } catch (error) {
     if (error.name !== "AbortError" && errors.length < 20) errors.push(String(error))
   } finally {
-    clearTimeout(stop)
+    if (!opened) connected()
+    leaving.delete(leave)
     controller.abort()
   }
 }
 
-function pgstreamsSse(stream, position, deadline) {
-  return sse(`${o.base}/pgstreams/streams/${stream.id}/events?from=0`, position, deadline, (event, data) => {
+function pgstreamsSse(stream, position) {
+  return sse(`${o.base}/pgstreams/streams/${stream.id}/events?from=0`, position, (event, data) => {
     if (event === "end") return "end"
     if (event === "message" && !o.idle) {
       const item = JSON.parse(data)
@@ -135,10 +163,10 @@ function pgstreamsSse(stream, position, deadline) {
 
 const START = "0000000000000000_0000000000000000"
 
-function durableSse(stream, position, deadline) {
+function durableSse(stream, position) {
   let messages = []
   const url = `${o.base}/pgstreams/v1/stream/${stream.path}?offset=${START}&live=sse`
-  return sse(url, position, deadline, (event, data) => {
+  return sse(url, position, (event, data) => {
     if (event === "data") messages = JSON.parse(data)
     else if (event === "control") {
       const control = JSON.parse(data)
@@ -150,34 +178,44 @@ function durableSse(stream, position, deadline) {
   })
 }
 
-async function durableLongPoll(stream, position, deadline) {
+async function durableLongPoll(stream, position) {
   let offset = START
-  while (performance.now() < deadline) {
+  let first = true
+  let left = false
+  const leave = () => (left = true)
+  leaving.add(leave)
+  while (!left) {
     try {
       const url = `${o.base}/pgstreams/v1/stream/${stream.path}?offset=${offset}&live=long-poll`
       const response = await fetch(url)
+      if (first) {
+        first = false
+        connected()
+      }
       const body = response.status === 200 ? await response.json() : (await response.arrayBuffer(), [])
       const next = response.headers.get("Stream-Next-Offset")
       const end = Number(next.split("_")[0])
       body.forEach((m, i) => position.take(end - body.length + i, m))
       offset = next
-      if (response.headers.get("Stream-Closed") === "true") return
+      if (response.headers.get("Stream-Closed") === "true") break
     } catch (error) {
       if (errors.length < 20) errors.push(String(error))
-      return
+      break
     }
   }
+  if (first) connected()
+  leaving.delete(leave)
 }
 
 const follow = { ws: websocket, sse: pgstreamsSse, "ds-sse": durableSse, "ds-lp": durableLongPoll }[o.transport]
-const deadline = performance.now() + o.seconds * 1000
 const positions = []
 const followers = []
+total = o.streams.length * o.subscribers
 o.streams.forEach((stream, index) => {
   for (let k = 0; k < o.subscribers; k++) {
     const position = new Position(index)
     positions.push(position)
-    followers.push(follow(stream, position, deadline))
+    followers.push(follow(stream, position))
   }
 })
 await Promise.all(followers)
@@ -191,6 +229,7 @@ const report = JSON.stringify({
   errors,
   cpu_seconds: (cpu.user + cpu.system) / 1e6,
   rss_bytes: process.memoryUsage().rss,
+  connect_ms: connectMs,
 })
 // Exit once the report is written out: a pipe takes it in parts, and exit() would cut it short.
 process.stdout.write(report, () => process.exit(0))

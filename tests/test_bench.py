@@ -83,6 +83,26 @@ def test_a_tiny_replica_sweep(tmp_path) -> None:
     assert "remote_write/on" in done.stdout
 
 
+def test_a_tiny_fanout_run_over_every_transport(tmp_path) -> None:
+    """Each transport delivers every chunk once, in order, to every subscriber, measured only
+    once all of them have connected (the connect storm is reported apart); and the raw ceiling
+    runs beside pgstreams."""
+    out = tmp_path / "fanout.json"
+    command = [sys.executable, "manage.py", "pgstreams_bench", "--fanout-shapes", "2x3x5", "--servers", "daphne"]
+    command += ["--transports", "ws,sse,ds-sse,ds-lp", "--duration", "1", "--json", str(out)]
+    env = {**os.environ, "DATABASE_URL": subprocess_database_url()}
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["transport"] for r in runs] == ["ws", "sse", "ds-sse", "ds-lp"]
+    for row in runs:
+        for part in ("pgstreams", "ceiling") if row["transport"] != "ds-lp" else ("pgstreams",):
+            figures = row[part]
+            assert (figures["coverage"], figures["duplicates"], figures["gaps"]) == (1.0, 0, 0), (row, part)
+            assert figures["connect_s"] > 0 and figures["errors"] == []
+    assert "connect s" in done.stdout
+
+
 def test_replica_writers_must_be_positive_numbers() -> None:
     with pytest.raises(CommandError, match="--replica-writers must be positive whole numbers"):
         call_command("pgstreams_bench", "--replica", "--replica-writers", "16,x")
