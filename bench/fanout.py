@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import select
 import subprocess
 import tempfile
 import time
@@ -94,6 +95,11 @@ def serving(server: str, app: str) -> Iterator[tuple[str, psutil.Process]]:
                 proc.wait(10)
 
 
+def _rss(process: psutil.Process) -> int:
+    """Resident memory of a process and its children (a server's workers)."""
+    return sum(p.memory_info().rss for p in [process, *process.children(recursive=True)])
+
+
 def _cpu(process: psutil.Process) -> float:
     """CPU seconds of a process and its children (a server's workers)."""
     times = [process.cpu_times()] + [c.cpu_times() for c in process.children(recursive=True)]
@@ -129,13 +135,18 @@ def _connected(clients: list[subprocess.Popen[str]]) -> float:
     """Wait until every subscriber has connected (or failed to): each Node process says "ready"
     on stderr; the seconds that took (the connect storm, reported apart from delivery)."""
     began = time.monotonic()
-    for client in clients:
-        assert client.stderr is not None
-        while (line := client.stderr.readline()) != "ready\n":  # bounded: the process says it, or ends
+    pending = {client.stderr: client for client in clients if client.stderr is not None}
+    while pending:  # bounded by CONNECT_TIMEOUT
+        left = CONNECT_TIMEOUT - (time.monotonic() - began)
+        readable, _, _ = select.select(list(pending), [], [], max(0.0, left))
+        if not readable:
+            raise RuntimeError(f"the subscribers did not connect within {CONNECT_TIMEOUT:.0f} s")
+        for pipe in readable:
+            line = pipe.readline()
             if not line:
-                raise RuntimeError(f"a subscriber process ended before its subscribers connected ({client.poll()})")
-            if time.monotonic() - began > CONNECT_TIMEOUT:
-                raise RuntimeError(f"the subscribers did not connect within {CONNECT_TIMEOUT:.0f} s")
+                raise RuntimeError(f"a subscriber process ended before connecting ({pending[pipe].poll()})")
+            if line == "ready\n":
+                del pending[pipe]
     return time.monotonic() - began
 
 
@@ -254,12 +265,12 @@ def _idle_run(node: str, server: str, transport: str, connections: int, app: str
     try:
         with serving(server, app) as (base, process):
             time.sleep(1.0)
-            before = process.memory_info().rss
+            before = _rss(process)
             shape = Shape(len(streams), 10, 1)
             clients = _subscribers(node, base, transport, streams, shape, 12.0, idle=True)
             connect = _connected(clients)
             time.sleep(1.0)
-            cpu, rss = _cpu(process), process.memory_info().rss
+            cpu, rss = _cpu(process), _rss(process)
             time.sleep(10.0)
             cpu = _cpu(process) - cpu
             _collect(clients, timeout=60)

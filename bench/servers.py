@@ -12,6 +12,10 @@ SERVERS = ("daphne", "uvicorn", "granian")
 # reconnecting after a deploy), and their clients try again 1, 3 and 7 s later; uvicorn's default
 # is 2,048 and granian's 1,024.
 DAPHNE_BACKLOG = 1024
+# Requests granian serves at once in a worker; its default (the backlog, 1,024) counts every open
+# WebSocket and SSE response, and the 1,025th waits until one ends: 2,000 idle SSE subscribers
+# took 302 s to connect (the clients' own header timeout).
+GRANIAN_BACKPRESSURE = 16384
 
 
 def daphne_endpoint(host: str, port: int) -> str:
@@ -33,6 +37,7 @@ def server_command(server: str, app: str, port: int) -> list[str]:
     if server == "granian":
         return [
             *(sys.executable, "-m", "granian", "--interface", "asgi", "--host", "127.0.0.1", "--port", str(port)),
-            *("--workers", "1", "--loop", "uvloop", "--log-level", "warning", app),
+            *("--workers", "1", "--loop", "uvloop", "--backpressure", str(GRANIAN_BACKPRESSURE)),
+            *("--log-level", "warning", app),
         ]
     raise ValueError(f"server must be one of {', '.join(SERVERS)}, not {server!r}")
