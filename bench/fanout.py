@@ -2,11 +2,12 @@
 delivered by one server process of the demo project (daphne, uvicorn or granian) over WebSocket,
 pgstreams' SSE, Durable Streams SSE or long-poll, to subscribers in Node processes
 (``node/fanout_load.mjs``), from a writer in another process (``stream_writer``, each chunk's data
-its wall-clock time). Per shape: deliveries/s, e2e p50/p99/max, coverage, duplicates and gaps,
-the server's CPU per delivery and peak RSS, the subscribers' own CPU; and the ceiling in the same
-run: the raw ASGI application of ``raw_asgi`` on the same server, sending the same subscribers the
-same bytes at the same rate, pgstreams reported as a fraction of it. ``--idle`` measures what
-idle WebSockets and SSE connections cost the server.
+its wall-clock time), which starts once every subscriber has connected. Per shape: how long the
+subscribers took to connect (the connect storm), deliveries/s, e2e p50/p99/max, coverage,
+duplicates and gaps, the server's CPU per delivery and peak RSS, the subscribers' own CPU; and
+the ceiling in the same run: the raw ASGI application of ``raw_asgi`` on the same server, sending
+the same subscribers the same bytes at the same rate, pgstreams reported as a fraction of it.
+``--idle`` measures what idle WebSockets and SSE connections cost the server, and the raw app.
 """
 
 from __future__ import annotations
