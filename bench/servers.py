@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import sys
 
+from daphne.endpoints import build_endpoint_description_strings
+
 SERVERS = ("daphne", "uvicorn", "granian")
 # Connections waiting to be accepted that the kernel holds (net.core.somaxconn caps it). daphne's
 # own default, twisted's 50, drops the SYNs of a connect storm past it (a thousand browsers
@@ -20,8 +22,8 @@ GRANIAN_BACKPRESSURE = 16384
 
 def daphne_endpoint(host: str, port: int) -> str:
     """daphne's endpoint (``-e``) for ``host:port``, with a listen backlog of DAPHNE_BACKLOG."""
-    host = host.strip("[]").replace(":", r"\:")
-    return f"tcp:port={port}:interface={host}:backlog={DAPHNE_BACKLOG}"
+    (endpoint,) = build_endpoint_description_strings(host=host, port=port)
+    return f"{endpoint}:backlog={DAPHNE_BACKLOG}"
 
 
 def server_command(server: str, app: str, port: int) -> list[str]:

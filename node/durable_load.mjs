@@ -15,6 +15,7 @@
 //   latencyStreams streams with one live reader each, for the latency parts
 //   interval       milliseconds between two appends to each of those streams
 import { performance } from "node:perf_hooks"
+import { events } from "./sse.mjs"
 
 const o = JSON.parse(process.argv[2])
 // Each part is announced on stdout as it starts and ends ("mark <part> start|end"), so that the
@@ -295,19 +296,9 @@ async function sseReader(url, offset, received, signal) {
 // One SSE response read to its end; the offset its last control event gave.
 async function sseResponse(url, offset, received, signal) {
   const response = await fetch(`${url}?offset=${encodeURIComponent(offset)}&live=sse`, { signal })
-  const decoder = new TextDecoder()
-  let buffer = ""
-  for await (const part of response.body) {
-    buffer += decoder.decode(part, { stream: true })
-    let cut
-    while ((cut = buffer.indexOf("\n\n")) >= 0) {
-      const event = buffer.slice(0, cut)
-      buffer = buffer.slice(cut + 2)
-      const lines = event.split("\n")
-      const data = lines.filter((l) => l.startsWith("data:")).map((l) => l.slice(5)).join("\n")
-      if (lines.includes("event: data")) received(data, performance.now())
-      else if (lines.includes("event: control")) offset = JSON.parse(data).streamNextOffset
-    }
+  for await (const [event, data] of events(response)) {
+    if (event === "data") received(data, performance.now())
+    else if (event === "control") offset = JSON.parse(data).streamNextOffset
   }
   if (response.status !== 200) await pause()
   return offset

@@ -16,6 +16,7 @@
 //   idle        true: open the connections, receive nothing, report after `seconds`
 import { performance } from "node:perf_hooks"
 import WebSocket from "ws"
+import { events } from "./sse.mjs"
 
 const o = JSON.parse(process.argv[2])
 const origin = o.base.replace(/^http/, "ws")
@@ -109,27 +110,6 @@ function websocket(stream, position) {
       resolve()
     })
   })
-}
-
-async function* events(response) {
-  // Server-Sent Events of a fetch response: [event, data] pairs.
-  const decoder = new TextDecoder()
-  let buffer = ""
-  for await (const part of response.body) {
-    buffer += decoder.decode(part, { stream: true })
-    let end
-    while ((end = buffer.indexOf("\n\n")) >= 0) {
-      const block = buffer.slice(0, end)
-      buffer = buffer.slice(end + 2)
-      let event = "message"
-      const data = []
-      for (const line of block.split("\n")) {
-        if (line.startsWith("event:")) event = line.slice(6).trim()
-        else if (line.startsWith("data:")) data.push(line.slice(line.startsWith("data: ") ? 6 : 5))
-      }
-      if (data.length) yield [event, data.join("\n")]
-    }
-  }
 }
 
 async function sse(url, position, onEvent) {
