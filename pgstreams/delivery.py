@@ -45,24 +45,17 @@ ENTRIES_BYTES: Final = 8 << 20
 INBOX_CHUNKS: Final = 1024
 INBOX_BYTES: Final = 1 << 20
 
-Key = tuple[str, uuid.UUID, int, int]
-
-
-class Encoded:
-    """One batch's encoding and whether its delivery was counted."""
-
-    __slots__ = ("value", "size", "counted")
-
-    def __init__(self, value: Any, size: int) -> None:
-        self.value, self.size = value, size
-        self.counted = False
+# (kind, the stream's id as an int, first offset, last offset). Keys and entries hold only
+# immutable values, which the garbage collector stops tracking at its first pass: kept for a few
+# rounds, they would otherwise reach its old generation by the thousand.
+Key = tuple[str, int, int, int]
 
 
 class Encodings:
     """The process's shared encodings (see the module docstring)."""
 
     def __init__(self) -> None:
-        self._entries: OrderedDict[Key, Encoded] = OrderedDict()
+        self._entries: OrderedDict[Key, tuple[Any, int]] = OrderedDict()  # an encoding, its chunks' data size
         self._lock = threading.Lock()
         self._bytes = 0  # the kept entries' chunk data
         self.made = 0  # encodings made, and
@@ -70,25 +63,23 @@ class Encodings:
 
     def get(self, kind: str, chunks: Sequence[StreamChunk], make: Callable[[Sequence[StreamChunk]], T]) -> T:
         """``make(chunks)``, made once for every subscriber that sends the same batch as ``kind``;
-        the first to send it counts its delivery (``metrics.observe_delivery``)."""
-        key = (kind, chunks[0].stream_id, chunks[0].offset, chunks[-1].offset)
+        the one that made it counts its delivery (``metrics.observe_delivery``)."""
+        key = (kind, chunks[0].stream_id.int, chunks[0].offset, chunks[-1].offset)
         entry = self._entries.get(key)
         if entry is not None:
             self.shared += 1
-        else:
-            entry = Encoded(make(chunks), sum(len(chunk.data) for chunk in chunks))
-            self.made += 1
-            with self._lock:
-                kept = self._entries.setdefault(key, entry)
-                if kept is entry:
-                    self._bytes += entry.size
-                    while len(self._entries) > ENTRIES or self._bytes > ENTRIES_BYTES:
-                        self._bytes -= self._entries.popitem(last=False)[1].size
-                entry = kept
-        if not entry.counted:
-            entry.counted = True
+            return entry[0]
+        entry = (make(chunks), sum(len(chunk.data) for chunk in chunks))
+        self.made += 1
+        with self._lock:
+            kept = self._entries.setdefault(key, entry)
+            if kept is entry:
+                self._bytes += entry[1]
+                while len(self._entries) > ENTRIES or self._bytes > ENTRIES_BYTES:
+                    self._bytes -= self._entries.popitem(last=False)[1][1]
+        if kept is entry:  # not made by another thread at the same time
             metrics.observe_delivery(chunks)
-        return entry.value
+        return kept[0]
 
 
 encodings = Encodings()

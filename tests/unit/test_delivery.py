@@ -1,9 +1,10 @@
 """Shared encodings: a batch is encoded once for every subscriber that sends it, its delivery is
-counted once, and what is kept stays bounded."""
+counted once, and what is kept stays bounded and out of the garbage collector's way."""
 
 from __future__ import annotations
 
 import datetime
+import gc
 import uuid
 
 from prometheus_client import REGISTRY
@@ -57,3 +58,13 @@ def test_the_kept_encodings_hold_a_bounded_amount_of_chunk_data(monkeypatch) -> 
     huge = [StreamChunk(stream, 100, "y" * 5000, now)]
     assert encodings.get("ws", huge, lambda c: len(c[0].data)) == 5000  # handed out, not kept
     assert not encodings._entries and encodings._bytes == 0
+
+
+def test_the_garbage_collector_stops_tracking_the_kept_encodings() -> None:
+    # Kept for a few rounds, they would otherwise reach its old generation by the thousand.
+    encodings = delivery.Encodings()
+    stream = uuid.uuid4()
+    encodings.get("ws", batch(stream, 0, 3), lambda chunks: ("c0,c1,c2", 8))
+    encodings.get("sse", batch(stream, 0, 3), lambda chunks: b"data: c0")
+    gc.collect()
+    assert not any(gc.is_tracked(key) or gc.is_tracked(entry) for key, entry in encodings._entries.items())
