@@ -166,31 +166,40 @@ def _execute(kind: str, alias: str, mode: str, level: str | None, params: dict[s
 _NEVER_AUTOMATIC = 2**31 - 1
 
 
-class _PreparedCursor(psycopg.Cursor):  # type: ignore[type-arg]
-    """A server-binding cursor whose statements are prepared once per connection."""
+class _PgstreamsCursor(psycopg.Cursor):  # type: ignore[type-arg]
+    """A server-binding cursor whose statements are prepared once per connection (when allowed),
+    and whose results come in binary when asked: a bytea then arrives as its bytes, not as hex
+    text twice their size to decode."""
+
+    def __init__(self, connection: Any, *, prepare: bool, binary: bool) -> None:
+        super().__init__(connection)
+        self._prepare = True if prepare else None  # None: as the connection's threshold says
+        self._binary = binary or None
 
     def execute(
         self, query: Any, params: Any = None, *, prepare: bool | None = None, binary: bool | None = None
     ) -> Any:
-        return super().execute(query, params, prepare=True if prepare is None else prepare, binary=binary)
+        prepare = self._prepare if prepare is None else prepare
+        return super().execute(query, params, prepare=prepare, binary=self._binary if binary is None else binary)
 
 
-def prepared_cursor(alias: str) -> Any:
+def prepared_cursor(alias: str, *, binary: bool = False) -> Any:
     """A cursor on Django's connection (so it joins the caller's transaction), wrapped by Django
     (query logging, execute wrappers, error translation), preparing its statements when
     PGSTREAMS['PREPARED_STATEMENTS'] allows: the server then parses and plans a write once per
-    connection instead of once per write."""
+    connection instead of once per write. With ``binary``, results come in binary."""
     wrapper = connections[alias]
-    if not conf.prepared_statements():
+    prepare = conf.prepared_statements()
+    if not prepare and not binary:
         return wrapper.cursor()
     wrapper.close_if_health_check_failed()  # CONN_HEALTH_CHECKS, as Django's own cursor() does
     wrapper.ensure_connection()
     wrapper.validate_thread_sharing()
-    if wrapper.connection.prepare_threshold is None:
+    if prepare and wrapper.connection.prepare_threshold is None:
         # Django turns automatic preparing off (None), which also refuses prepare=True. A
         # threshold no query reaches keeps Django's queries unprepared and lets ours be.
         wrapper.connection.prepare_threshold = _NEVER_AUTOMATIC
-    raw = _PreparedCursor(wrapper.connection)
+    raw = _PgstreamsCursor(wrapper.connection, prepare=prepare, binary=binary)
     return wrapper.make_debug_cursor(raw) if wrapper.queries_logged else wrapper.make_cursor(raw)
 
 

@@ -334,7 +334,7 @@ def _chunks(alias: str, stream_id: uuid.UUID, start: int, end: int) -> list[str 
     if start >= end:
         return []
     params = {"stream": stream_id, "start": start, "end": end, "chunks": READ_CHUNKS, "bytes": READ_BYTES}
-    with connections[alias].cursor() as cursor:
+    with prepared_cursor(alias, binary=True) as cursor:  # a MiB of bytea as bytes, not as 2 MiB of hex
         cursor.execute(_CHUNKS_SQL, params)
         rows = cursor.fetchall()
     chunks: list[str | bytes] = []
