@@ -171,6 +171,19 @@ async def test_a_stream_made_over_http_is_a_pgstreams_stream() -> None:
     assert [c.data async for c in pgstreams.aread(blob)] == [b"\x00\xff", b"\x01"]
 
 
+async def test_creates_of_one_path_at_once_make_one_stream_and_the_others_compare_with_it() -> None:
+    # A create of a path with no row takes no lock: the path's uniqueness refuses the inserts
+    # that lose, and those requests compare with the stream that won.
+    client = AsyncClient()
+    types = ["text/plain", "application/json"] * 6
+    with OPEN:
+        answers = await asyncio.gather(*(client.put(url("race/1"), headers={"Content-Type": t}) for t in types))
+    winner = await Stream.objects.aget(path="race/1")
+    statuses = [(t == winner.content_type, a.status_code) for t, a in zip(types, answers, strict=True)]
+    assert sorted(statuses) == [(False, 409)] * 6 + [(True, 200)] * 5 + [(True, 201)]
+    assert await Stream.objects.filter(path="race/1").acount() == 1
+
+
 def test_waiting_long_polls_hold_no_database_connection() -> None:
     port = free_port()
     command = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "demo_project.asgi:application"]

@@ -151,12 +151,13 @@ def _lookup(request: Any, action: Action, alias: str, path: str, *, lock: bool =
     ``action`` it: the rule is asked before anything about the path is told, and before any
     lock is taken (about None for a stream that is missing, deleted or expired). With ``lock``
     the stream's row is then locked, waiting at most LOCK_WAIT (``Busy`` after), and the rule
-    asked again if the row changed meanwhile. An expired stream the request may act on is
-    removed then (a tombstone stays if it has forks) and counts as none; a refused request
-    removes nothing."""
+    asked again if the row changed meanwhile; a path with no row has none to lock (a stream
+    made there since is refused at insert by the path's uniqueness, and ``create`` looks
+    again). An expired stream the request may act on is removed then (a tombstone stays if it
+    has forks) and counts as none; a refused request removes nothing."""
     stream, expired = _select(alias, path, lock=False)
     authorize(request, action, path, None if expired else _visible(stream))
-    if lock:
+    if lock and stream is not None:
         locked, expired = _select(alias, path, lock=True)
         if _changed(stream, locked):
             authorize(request, action, path, None if expired else _visible(locked))
@@ -434,7 +435,8 @@ def _create(request: Any, alias: str, path: str, wanted: Wanted, body: bytes) ->
                 ' WHERE stream_id = %s AND "offset" < %s',
                 [stream.id, stream.forked_from_id, inherited],
             )
-    _append_chunks(alias, stream, inherited, items, closing=closed)
+    if items or inherited or closed:  # else the row just inserted says it all
+        _append_chunks(alias, stream, inherited, items, closing=closed)
     return State.of(stream), True
 
 
