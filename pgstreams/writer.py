@@ -148,7 +148,7 @@ def _execute(kind: str, alias: str, mode: str, level: str | None, params: dict[s
         params = {**params, "channel": conf.channel(), "hex": params["id"].hex}
     if level is not None:
         params = {**params, "level": level, "levels": list(conf.SYNCHRONOUS_COMMIT_LEVELS)}
-    with prepared_cursor(alias) as cursor:
+    with pgstreams_cursor(alias) as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
         if not rows:
@@ -167,29 +167,30 @@ _NEVER_AUTOMATIC = 2**31 - 1
 
 
 class _PgstreamsCursor(psycopg.Cursor):  # type: ignore[type-arg]
-    """A server-binding cursor whose statements are prepared once per connection (when allowed),
-    and whose results come in binary when asked: a bytea then arrives as its bytes, not as hex
-    text twice their size to decode."""
+    """A server-binding cursor whose statements are prepared once per connection, if ``prepare``."""
 
     def __init__(self, connection: Any, *, prepare: bool, binary: bool) -> None:
         super().__init__(connection)
-        self._prepare = True if prepare else None  # None: as the connection's threshold says
-        self._binary = binary or None
+        self._prepare = True if prepare else None  # None: as the connection's threshold says (never)
+        if binary:
+            self.format = psycopg.pq.Format.BINARY
 
     def execute(
         self, query: Any, params: Any = None, *, prepare: bool | None = None, binary: bool | None = None
     ) -> Any:
-        prepare = self._prepare if prepare is None else prepare
-        return super().execute(query, params, prepare=prepare, binary=self._binary if binary is None else binary)
+        return super().execute(query, params, prepare=self._prepare if prepare is None else prepare, binary=binary)
 
 
-def prepared_cursor(alias: str, *, binary: bool = False) -> Any:
+def pgstreams_cursor(alias: str, *, prepare: bool = True, binary: bool = False) -> Any:
     """A cursor on Django's connection (so it joins the caller's transaction), wrapped by Django
-    (query logging, execute wrappers, error translation), preparing its statements when
-    PGSTREAMS['PREPARED_STATEMENTS'] allows: the server then parses and plans a write once per
-    connection instead of once per write. With ``binary``, results come in binary."""
+    (query logging, execute wrappers, error translation). With ``prepare``, its statements are
+    prepared when PGSTREAMS['PREPARED_STATEMENTS'] allows: the server then parses and plans a
+    write once per connection instead of once per write. With ``binary``, results come in binary
+    format: a bytea as its bytes, not as hex text twice their size. Only for columns whose binary
+    values Python gets as Django's cursor gives them (integers, text, bytea, uuid; not jsonb or
+    inet, which Django loads as text, nor timestamps without USE_TZ)."""
     wrapper = connections[alias]
-    prepare = conf.prepared_statements()
+    prepare = prepare and conf.prepared_statements()
     if not prepare and not binary:
         return wrapper.cursor()
     wrapper.close_if_health_check_failed()  # CONN_HEALTH_CHECKS, as Django's own cursor() does

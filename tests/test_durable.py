@@ -184,6 +184,34 @@ async def test_creates_of_one_path_at_once_make_one_stream_and_the_others_compar
     assert await Stream.objects.filter(path="race/1").acount() == 1
 
 
+async def test_a_create_where_another_transaction_is_creating_holds_no_thread_while_it_waits() -> None:
+    """Another connection has inserted a stream at `taken` and not committed. PUTs there, plain
+    and as a fork, each wait at most LOCK_WAIT at a time, holding no write thread in between (a
+    PUT of another path is answered meanwhile); once the other commits they compare with its
+    stream: 200 for the same configuration, 409 for a fork."""
+    await pgstreams.acreate_stream(path="source")
+    holder = await psycopg.AsyncConnection.connect(**db.connect_kwargs("default", "test-holder"))
+    await holder.execute("BEGIN")
+    await holder.execute(
+        "INSERT INTO pgstreams_stream (id, created_at, next_offset, label, metadata, path, content_type)"
+        " VALUES (gen_random_uuid(), now(), 0, '', '{}', 'taken', 'text/plain')"
+    )
+    client, plain = AsyncClient(), {"Content-Type": "text/plain"}
+    try:
+        with OPEN:
+            waiting = [asyncio.create_task(client.put(url("taken"), headers=plain)) for _ in range(5)]
+            fork = asyncio.create_task(client.put(url("taken"), headers={**plain, "Stream-Forked-From": "source"}))
+            await asyncio.sleep(0.5)
+            free = await asyncio.wait_for(client.put(url("free"), headers=plain), 1.5)
+            assert not any(task.done() for task in [*waiting, fork])  # still waiting on `taken`
+            await holder.execute("COMMIT")
+            answers = await asyncio.wait_for(asyncio.gather(*waiting, fork), 20)
+    finally:
+        await holder.close()
+    assert free.status_code == 201
+    assert [a.status_code for a in answers] == [200] * 5 + [409]
+
+
 def test_waiting_long_polls_hold_no_database_connection() -> None:
     port = free_port()
     command = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "demo_project.asgi:application"]

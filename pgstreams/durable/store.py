@@ -18,6 +18,8 @@ from __future__ import annotations
 import datetime
 import logging
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal
@@ -29,7 +31,7 @@ from .. import conf, notify
 from ..batch import EXPIRY_PASSED
 from ..models import Stream, is_text, media_type
 from ..types import Mark
-from ..writer import after_commit, committed, prepared_cursor
+from ..writer import after_commit, committed, pgstreams_cursor
 from . import wire
 from .wire import Refused
 
@@ -43,8 +45,8 @@ READ_CHUNKS = 1000
 READ_BYTES = 1 << 20
 
 
-# A write waits at most this long in its transaction (on a thread) for a stream's row that another
-# transaction holds; the view tries again, with no thread held in between (``Busy``).
+# A write waits at most this long in its transaction (on a thread) for a stream's row, or a path,
+# that another transaction holds; the view tries again, with no thread held in between (``Busy``).
 LOCK_WAIT = 0.1
 
 
@@ -151,13 +153,17 @@ def _lookup(request: Any, action: Action, alias: str, path: str, *, lock: bool =
     ``action`` it: the rule is asked before anything about the path is told, and before any
     lock is taken (about None for a stream that is missing, deleted or expired). With ``lock``
     the stream's row is then locked, waiting at most LOCK_WAIT (``Busy`` after), and the rule
-    asked again if the row changed meanwhile; a path with no row has none to lock (a stream
-    made there since is refused at insert by the path's uniqueness, and ``create`` looks
-    again). An expired stream the request may act on is removed then (a tombstone stays if it
-    has forks) and counts as none; a refused request removes nothing."""
+    asked again if the row changed meanwhile; a path with no row has none to lock (``create``
+    inserts its stream, which waits at most LOCK_WAIT for a transaction making one there too,
+    and compares with a stream made there since). An expired stream the request may act on is
+    removed then (a tombstone stays if it has forks) and counts as none; a refused request
+    removes nothing."""
     stream, expired = _select(alias, path, lock=False)
     authorize(request, action, path, None if expired else _visible(stream))
-    if lock and stream is not None:
+    if lock and stream is None:
+        with pgstreams_cursor(alias) as cursor:
+            _bound_lock_waits(cursor)  # for the insert that may follow: see create()
+    elif lock:
         locked, expired = _select(alias, path, lock=True)
         if _changed(stream, locked):
             authorize(request, action, path, None if expired else _visible(locked))
@@ -174,19 +180,32 @@ def _changed(before: Stream | None, after: Stream | None) -> bool:
 
 
 def _select(alias: str, path: str, *, lock: bool) -> tuple[Stream | None, bool]:
-    with prepared_cursor(alias) as cursor:
-        if lock:  # for this transaction only (set_config's third argument)
-            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{int(LOCK_WAIT * 1000)}ms"])
-        try:
+    with pgstreams_cursor(alias) as cursor:
+        if lock:
+            _bound_lock_waits(cursor)
+        with _busy_if_held(path):
             cursor.execute(_LOOKUP_SQL + (" FOR NO KEY UPDATE" if lock else ""), [path])
-        except OperationalError as exc:
-            if getattr(exc.__cause__, "sqlstate", None) == "55P03":  # lock_not_available
-                raise Busy(path) from None
-            raise
         row = cursor.fetchone()
     if row is None:
         return None, False
     return Stream.from_db(alias, _COLUMNS, row[:-1]), row[-1]
+
+
+def _bound_lock_waits(cursor: Any) -> None:
+    """End every lock wait of the rest of this transaction after LOCK_WAIT (set_config's third
+    argument: for this transaction only)."""
+    cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{int(LOCK_WAIT * 1000)}ms"])
+
+
+@contextmanager
+def _busy_if_held(path: str) -> Iterator[None]:
+    """A lock wait that ran out of LOCK_WAIT as ``Busy``."""
+    try:
+        yield
+    except OperationalError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) == "55P03":  # lock_not_available
+            raise Busy(path) from None
+        raise
 
 
 def _remove_if_expired(alias: str, stream_id: uuid.UUID) -> bool:
@@ -335,14 +354,15 @@ def _chunks(alias: str, stream_id: uuid.UUID, start: int, end: int) -> list[str 
     if start >= end:
         return []
     params = {"stream": stream_id, "start": start, "end": end, "chunks": READ_CHUNKS, "bytes": READ_BYTES}
-    with prepared_cursor(alias, binary=True) as cursor:  # a MiB of bytea as bytes, not as 2 MiB of hex
+    # Unprepared, as Django's own cursor runs it; binary: a MiB of bytea as bytes, not 2 MiB of hex.
+    with pgstreams_cursor(alias, prepare=False, binary=True) as cursor:
         cursor.execute(_CHUNKS_SQL, params)
         rows = cursor.fetchall()
     chunks: list[str | bytes] = []
     for offset, data, blob in rows:
         if offset != start + len(chunks):
             break  # a gap: the response stops before it
-        chunks.append(data if data is not None else bytes(blob))
+        chunks.append(data if data is not None else blob)
     if not chunks:
         raise Refused(410, f"offset {wire.format_offset(start)} is no longer held (pruned)")
     return chunks
@@ -426,7 +446,8 @@ def _create(request: Any, alias: str, path: str, wanted: Wanted, body: bytes) ->
     else:
         inherited = 0
     items += body_chunks(stream, body, appending=False)
-    stream.save(using=alias, force_insert=True)
+    with _busy_if_held(path):  # another transaction makes a stream at the path
+        stream.save(using=alias, force_insert=True)
     if inherited:
         with connections[alias].cursor() as cursor:
             cursor.execute(
@@ -527,7 +548,7 @@ def _append_chunks(alias: str, stream: Stream, start: int, items: list[str | byt
         "texts": [item if isinstance(item, str) else None for item in items],
         "blobs": [item if isinstance(item, bytes) else None for item in items],
     }
-    with prepared_cursor(alias) as cursor:
+    with pgstreams_cursor(alias) as cursor:
         cursor.execute(_APPEND_SQL, params)
         (stream.closed_at,) = cursor.fetchone()
     stream.next_offset = start + len(items)
