@@ -153,17 +153,12 @@ def _lookup(request: Any, action: Action, alias: str, path: str, *, lock: bool =
     ``action`` it: the rule is asked before anything about the path is told, and before any
     lock is taken (about None for a stream that is missing, deleted or expired). With ``lock``
     the stream's row is then locked, waiting at most LOCK_WAIT (``Busy`` after), and the rule
-    asked again if the row changed meanwhile; a path with no row has none to lock (``create``
-    inserts its stream, which waits at most LOCK_WAIT for a transaction making one there too,
-    and compares with a stream made there since). An expired stream the request may act on is
-    removed then (a tombstone stays if it has forks) and counts as none; a refused request
-    removes nothing."""
+    asked again if the row changed meanwhile (a path with no row has none to lock). An expired
+    stream the request may act on is removed then (a tombstone stays if it has forks) and counts
+    as none; a refused request removes nothing."""
     stream, expired = _select(alias, path, lock=False)
     authorize(request, action, path, None if expired else _visible(stream))
-    if lock and stream is None:
-        with pgstreams_cursor(alias) as cursor:
-            _bound_lock_waits(cursor)  # for the insert that may follow: see create()
-    elif lock:
+    if lock and stream is not None:
         locked, expired = _select(alias, path, lock=True)
         if _changed(stream, locked):
             authorize(request, action, path, None if expired else _visible(locked))
@@ -446,7 +441,11 @@ def _create(request: Any, alias: str, path: str, wanted: Wanted, body: bytes) ->
     else:
         inherited = 0
     items += body_chunks(stream, body, appending=False)
-    with _busy_if_held(path):  # another transaction makes a stream at the path
+    # The insert waits on the path's index for another transaction making a stream there: at
+    # most LOCK_WAIT, then Busy; once that one commits, create() compares with its stream.
+    with pgstreams_cursor(alias) as cursor:
+        _bound_lock_waits(cursor)
+    with _busy_if_held(path):
         stream.save(using=alias, force_insert=True)
     if inherited:
         with connections[alias].cursor() as cursor:
