@@ -73,6 +73,7 @@ class Appender:
         self._thread: threading.Thread | None = None
         self._conn: psycopg.Connection[Any] | None = None
         self._deferred: list[Item] = []  # items whose streams were held, for the next batch (the thread's)
+        self._crowded = False  # appends came while the last batch committed (the thread's)
         self.stats = AppenderStats()
 
     def submit(self, item: Item) -> None:
@@ -104,11 +105,13 @@ class Appender:
                 self._wake.wait()
                 self._wake.clear()
                 continue
-            # The batch goes when the previous one has committed (we are here) or APPEND_INTERVAL
-            # after it began, whichever is later: with many callers, commits stay few. Items whose
-            # streams were held wait a random part of an interval more: two processes' appenders
-            # on one stream, in step, would otherwise meet at its lock on every try.
-            wait = last + conf.append_interval() - time.monotonic()
+            # The batch goes when the previous one has committed (we are here). If appends came
+            # meanwhile, callers are many: it goes APPEND_INTERVAL after the previous one began,
+            # so that commits stay few; if none did, a caller who waits for each append before
+            # the next waits only for its commits. Items whose streams were held wait a random
+            # part of an interval more: two processes' appenders on one stream, in step, would
+            # otherwise meet at its lock on every try.
+            wait = last + conf.append_interval() - time.monotonic() if self._crowded else 0.0
             if self._deferred:
                 wait += random.uniform(0.0, max(conf.append_interval(), 0.005))
                 if not self._queue:  # woken early by a new item, not held up by one that waits
@@ -175,6 +178,7 @@ class Appender:
                 self._commit(batch[:half], deferred)
                 self._commit(batch[half:], deferred)
                 return
+        self._crowded = bool(self._queue)  # before its callers know, and append again
         settled = [(item, r) for item, r in zip(batch, outcome.results, strict=True) if r is not DEFERRED]
         _settle([item for item, _ in settled], [r for _, r in settled])
         deferred += outcome.deferred

@@ -266,8 +266,9 @@ append_interval: Setting[float] = Setting(
     0.02,
     SECONDS,
     "pgstreams.E018",
-    "seconds between two batches of the append path (`append`, `aappend`, `stream_writer`), at the least: a "
-    "batch goes when the previous one has committed or this long after it began, whichever is later",
+    "seconds between two batches of the append path (`append`, `aappend`, `stream_writer`) when appends come "
+    "faster than they commit: a batch goes when the previous one has committed, and, if appends came while it "
+    "committed, no sooner than this long after it began",
     float,
 )
 append_batch: Setting[int] = Setting(

@@ -1,10 +1,11 @@
 """Helpers shared by the test modules (fixtures are in conftest.py): where the repository is, a
 free loopback port, the test database for other processes, a reader in a thread, chunks deleted
-as pruning would, extra database aliases, what a LISTEN connection hears, and a raw WebSocket
-client."""
+as pruning would, extra database aliases, what a LISTEN connection hears, the appender held in a
+batch, and a raw WebSocket client."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import os
@@ -99,6 +100,45 @@ def database_alias(alias: str, entry: dict[str, Any]) -> Iterator[str]:
         del connections[alias]
         connections.settings.pop(alias, None)
         settings.DATABASES.pop(alias, None)
+
+
+class HeldAppender:
+    """This process's appender held at the chunk table by another connection's SHARE lock (see
+    ``appender_held``)."""
+
+    def __init__(self, watcher: psycopg.Connection[Any]) -> None:
+        self._watcher = watcher
+
+    async def waiting(self) -> None:
+        """Return once the appender waits at the table with a batch."""
+        query = "SELECT 1 FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'"
+        for _ in range(500):
+            if self._watcher.execute(query, [f"pgstreams appender {os.getpid()}"]).fetchone():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("the appender never waited at the chunk table")
+
+    async def queued(self, count: int) -> None:
+        """Return once ``count`` appends wait in the appender's queue behind the held batch."""
+        from pgstreams import appender, conf
+
+        for _ in range(500):
+            if appender.appender(conf.database()).depth() >= count:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"{count} appends never queued behind the held batch")
+
+
+@contextlib.contextmanager
+def appender_held() -> Iterator[HeldAppender]:
+    """Hold the inserts of chunks until the block ends: a batch the appender sends meanwhile waits
+    at the table, and the appends made while it waits go together in the next batch."""
+    from pgstreams import conf, db
+
+    kwargs = db.connect_kwargs(conf.database(), "test")
+    with psycopg.connect(**kwargs) as holder, psycopg.connect(**kwargs) as watcher, holder.transaction():
+        holder.execute("LOCK TABLE pgstreams_chunk IN SHARE MODE")
+        yield HeldAppender(watcher)
 
 
 class Heard(NamedTuple):

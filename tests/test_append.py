@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+import time
 import uuid
 
 import psycopg
@@ -18,7 +19,7 @@ import pgstreams
 from pgstreams import appender, conf, db, listener, notify, resolution
 from pgstreams import batch as batches
 from pgstreams.models import Chunk, Stream
-from tests.helpers import Rollback, heard
+from tests.helpers import Rollback, appender_held, heard
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -102,18 +103,36 @@ def test_a_closed_or_unknown_stream_fails_only_its_own_appends() -> None:
     unknown = uuid.uuid4()
 
     async def together() -> list[object]:
-        calls = [pgstreams.aappend(sid, f"{n}") for n in range(3) for sid in (good, closed, unknown)]
-        return await asyncio.gather(*calls, return_exceptions=True)
+        with appender_held() as held:  # "first" waits in its batch, the nine calls behind it
+            first = asyncio.ensure_future(pgstreams.aappend(good, "first"))
+            await held.waiting()
+            calls = [pgstreams.aappend(sid, f"{n}") for n in range(3) for sid in (good, closed, unknown)]
+            results = asyncio.gather(*calls, return_exceptions=True)
+            await held.queued(9)
+        assert await first == 0
+        return await results
 
     before = stats().snapshot()
-    with override_settings(PGSTREAMS={"APPEND_INTERVAL": 0.05}):
-        pgstreams.append(good, "first")  # then the nine calls wait for the interval: one batch
-        results = asyncio.run(together())
+    results = asyncio.run(together())
     assert (stats() - before).batches == 2
     assert results[0::3] == [1, 2, 3]
     assert all(isinstance(r, pgstreams.StreamClosed) and "was closed" in str(r) for r in results[1::3])
     assert all(isinstance(r, pgstreams.StreamNotFound) and str(unknown) in str(r) for r in results[2::3])
     assert stored(good) == [(0, "first"), (1, "0"), (2, "1"), (3, "2")] and stored(closed) == []
+
+
+def test_a_caller_who_awaits_each_append_waits_for_its_commits_not_for_the_interval() -> None:
+    s = pgstreams.create_stream()
+
+    async def one_by_one() -> list[int]:
+        return [await pgstreams.aappend(s.id, f"{i}") for i in range(4)]
+
+    with override_settings(PGSTREAMS={"APPEND_INTERVAL": 5.0}):  # a batch after the first waited 5 s
+        started = time.monotonic()
+        offsets = asyncio.run(one_by_one())
+        took = time.monotonic() - started
+    print(f"4 appends one by one, APPEND_INTERVAL 5 s: {took * 1000:.0f} ms")
+    assert offsets == [0, 1, 2, 3] and took < 5.0
 
 
 def test_bad_chunks_are_refused_before_they_are_queued() -> None:
