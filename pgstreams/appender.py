@@ -369,7 +369,9 @@ def _prepare(stream_id: Any, data: str, producer: Producer | None, using: str | 
     return sid, producers.checked(producer) if producer is not None else None, appender(using or conf.database())
 
 
-def append(stream_id: Any, data: str, *, producer: Producer | None = None, using: str | None = None) -> int | None:
+def append(
+    stream_id: Any, data: str, *, close: bool = False, producer: Producer | None = None, using: str | None = None
+) -> int | None:
     """Append ``data`` to a stream and return its offset once it is committed.
 
     Not part of the caller's transaction: the chunk is committed (at ``SYNCHRONOUS_COMMIT``)
@@ -378,6 +380,8 @@ def append(stream_id: Any, data: str, *, producer: Producer | None = None, using
     commit or roll back with other changes.
 
     Args:
+        close: close the stream with this chunk, in the same transaction: its last chunk, or
+            ``StreamClosed`` and nothing written if it was closed already.
         producer: ``pgstreams.Producer(id, epoch, seq)``, as for ``write()``: an append retried
             with the same three returns None instead of storing the chunk twice.
 
@@ -392,18 +396,18 @@ def append(stream_id: Any, data: str, *, producer: Producer | None = None, using
     """
     sid, checked, target = _prepare(stream_id, data, producer, using)
     future: concurrent.futures.Future[int | None] = concurrent.futures.Future()
-    target.submit(Append(sid, future, producer=checked, data=data))
+    target.submit(Append(sid, future, producer=checked, data=data, closing=close))
     return future.result()
 
 
 async def aappend(
-    stream_id: Any, data: str, *, producer: Producer | None = None, using: str | None = None
+    stream_id: Any, data: str, *, close: bool = False, producer: Producer | None = None, using: str | None = None
 ) -> int | None:
     """``append()`` for async code: waits for the commit without holding the event loop or a
     thread. A cancelled call may still be committed."""
     sid, checked, target = _prepare(stream_id, data, producer, using)
     loop = asyncio.get_running_loop()
-    return await target.asubmit(Append(sid, loop.create_future(), loop, producer=checked, data=data))
+    return await target.asubmit(Append(sid, loop.create_future(), loop, producer=checked, data=data, closing=close))
 
 
 class StreamWriter:

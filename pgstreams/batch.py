@@ -164,10 +164,12 @@ class Item:
 
 @dataclass(slots=True, eq=False)
 class Append(Item):
-    """``append()``, ``aappend()`` and a stream writer's chunk: one text chunk, its result the
-    chunk's offset (None for an idempotent producer's batch written already)."""
+    """``append()``, ``aappend()`` and a stream writer's chunk: one text chunk, and the stream's
+    close with it if ``closing``; its result the chunk's offset (None for an idempotent
+    producer's batch written already)."""
 
     data: str = ""
+    closing: bool = False
 
     def judge(self, row: Row | None, producer_state: tuple[int, int] | None) -> Accepted | BaseException:
         sid = self.stream_id
@@ -186,7 +188,7 @@ class Append(Item):
             contents.check_fits(row.kind, self.data, sid)
         except StreamError as exc:
             return exc
-        return Accepted([self.data], producer=self.producer)
+        return Accepted([self.data], closing=self.closing, producer=self.producer)
 
     def result(self, row: Row, first: int | None, accepted: Accepted) -> Result:
         return first

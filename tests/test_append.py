@@ -121,6 +121,24 @@ def test_a_closed_or_unknown_stream_fails_only_its_own_appends() -> None:
     assert stored(good) == [(0, "first"), (1, "0"), (2, "1"), (3, "2")] and stored(closed) == []
 
 
+def test_an_append_that_closes_its_stream_is_its_last_chunk_and_a_second_close_writes_nothing() -> None:
+    s = pgstreams.create_stream()
+    reader = pgstreams.read(s.id, timeout=5)
+
+    async def last_words() -> list[object]:
+        first = await pgstreams.aappend(s.id, "answer")
+        ends = [pgstreams.aappend(s.id, "finished", close=True), pgstreams.aappend(s.id, "stopped", close=True)]
+        return [first, *await asyncio.gather(*ends, return_exceptions=True)]
+
+    first, finished, stopped = asyncio.run(last_words())
+    assert (first, finished) == (0, 1)
+    assert isinstance(stopped, pgstreams.StreamClosed)
+    assert stored(s) == [(0, "answer"), (1, "finished")] and Stream.objects.get(pk=s.pk).is_closed
+    assert [c.data for c in reader] == ["answer", "finished"]  # and the reader's loop ends at the close
+    with pytest.raises(pgstreams.StreamClosed):
+        pgstreams.append(s.id, "late", close=True)
+
+
 def test_a_caller_who_awaits_each_append_waits_for_its_commits_not_for_the_interval() -> None:
     s = pgstreams.create_stream()
 
