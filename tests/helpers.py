@@ -1,7 +1,7 @@
 """Helpers shared by the test modules (fixtures are in conftest.py): where the repository is, a
 free loopback port, the test database for other processes, a reader in a thread, chunks deleted
 as pruning would, extra database aliases, what a LISTEN connection hears, the appender held in a
-batch, and a raw WebSocket client."""
+batch, the pinned Node.js packages, and a raw WebSocket client."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import base64
 import contextlib
 import os
 import select
+import shutil
 import socket
+import subprocess
 import threading
 import time
 import uuid
@@ -28,6 +30,21 @@ from pgstreams import notify
 from pgstreams.types import Mark
 
 ROOT = Path(__file__).resolve().parent.parent
+NODE = ROOT / "node"
+# One package of each group node/package.json pins, to tell whether they are installed.
+NODE_PACKAGES = ("@durable-streams/server-conformance-tests", "@ai-sdk/react")
+
+
+def node_dir() -> Path:
+    """``node/``, with the packages it pins installed (``npm ci``) if they are not yet; skips
+    where there is no node."""
+    import pytest
+
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.skip("node and npm are not installed: the Durable Streams suite and the AI SDK client run on node")
+    if not all((NODE / "node_modules" / package).is_dir() for package in NODE_PACKAGES):
+        subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE, check=True, timeout=600)
+    return NODE
 
 
 class Rollback(Exception):

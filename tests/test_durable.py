@@ -9,7 +9,6 @@ import datetime
 import io
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -31,7 +30,7 @@ from pgstreams import db
 from pgstreams.durable import wire
 from pgstreams.models import Stream
 from tests.conftest import serving
-from tests.helpers import ROOT, free_port
+from tests.helpers import ROOT, free_port, node_dir
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -41,22 +40,12 @@ OPEN = override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": "demo_project.chat.dura
 SUITE_TESTS = 332
 
 
-def node_suite() -> Path:
-    """The pinned suite and client, installed with ``npm ci`` if they are not yet; skips where
-    there is no node."""
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        pytest.skip("node and npm are not installed: the Durable Streams suite and client run on node")
-    if not (NODE / "node_modules" / "@durable-streams" / "server-conformance-tests").is_dir():
-        subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE, check=True, timeout=600)
-    return NODE
-
-
 def url(path: str) -> str:
     return f"/pgstreams/v1/stream/{path}"
 
 
 def test_the_official_conformance_suite_passes_every_test(any_server: str, tmp_path: Path) -> None:
-    suite = node_suite()
+    suite = node_dir()
     report = tmp_path / "report.json"
     env = {**os.environ, "CONFORMANCE_TEST_URL": f"http://{any_server}/pgstreams"}
     command = ["npx", "vitest", "run", "conformance.test.mjs", "--reporter=json", f"--outputFile={report}"]
@@ -80,7 +69,7 @@ def test_the_official_conformance_suite_passes_every_test(any_server: str, tmp_p
 def test_the_official_client_reads_resumes_and_tails_a_stream_written_with_write(
     open_durable_server: str, live: str
 ) -> None:
-    suite = node_suite()
+    suite = node_dir()
     stream = pgstreams.create_stream(path=f"interop/{live}", content_type="text/plain")
     for token in ["Hello", ", ", "world"]:
         pgstreams.write(stream, token)

@@ -18,6 +18,10 @@ then closes the stream and prints its flusher's stats as JSON.
 retrying each write that fails (through a server restart), printing each error as a JSON line;
 ``--producer`` writes as one idempotent producer, so that a retry never stores a chunk twice.
 
+``python -m tests.workers answer --stream ID --count 200 --pause 0.05``: writes an AI SDK answer of
+``--count`` words, one every ``--pause`` s (``pgstreams.aisdk.write_answer``), printing "writing"
+once it has yielded its first word, and how the answer ended when it has (unless it is killed).
+
 ``python -m tests.workers via --stream R --write-stream W --via URL``: pgstreams' own connections
 (listener, fetcher, flusher) go to URL (a proxy), Django's to the test database. Prints each
 chunk of R as a JSON line with the time it arrived; on stdin, ``write X`` writes X to W,
@@ -161,9 +165,24 @@ def via(stream: str, write_stream: str) -> None:
             return
 
 
+def answer(stream: str, count: int, pause: float) -> None:
+    import asyncio
+
+    from pgstreams import aisdk
+
+    async def words():
+        for i in range(count):
+            yield f"word{i} "
+            if i == 0:
+                print("writing", flush=True)
+            await asyncio.sleep(pause)
+
+    print(asyncio.run(aisdk.write_answer(stream, words())), flush=True)
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="tests.workers")
-    parser.add_argument("mode", choices=["threads", "hang", "exit", "steady", "retrying", "via"])
+    parser.add_argument("mode", choices=["threads", "hang", "exit", "steady", "retrying", "via", "answer"])
     parser.add_argument("--stream", required=True)
     parser.add_argument("--write-stream")
     parser.add_argument("--via", help="a database URL for pgstreams' own connections")
@@ -198,6 +217,8 @@ def main(argv: list[str]) -> None:
         exit_after(args.stream, args.count)
     elif args.mode == "retrying":
         retrying(args.stream, args.count, args.pause, args.producer)
+    elif args.mode == "answer":
+        answer(args.stream, args.count, args.pause)
     elif args.mode == "via":
         via(args.stream, args.write_stream)
     else:

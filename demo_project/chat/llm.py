@@ -1,20 +1,24 @@
 """A fake LLM: a deterministic answer for each prompt, appended token by token to a stream by a
 background worker in the server process (``pgstreams.append``: the tokens of every answer being
-written commit together, in batches). No network and no model."""
+written commit together, in batches), or written as the AI SDK's message parts
+(``pgstreams.aisdk.write_answer``). No network and no model."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import random
 import time
 import uuid
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 from django.conf import settings
 from django.db import close_old_connections
 
 import pgstreams
+from pgstreams import aisdk
 
 logger = logging.getLogger("demo_project.chat")
 
@@ -57,9 +61,28 @@ def generate(stream_id: uuid.UUID, prompt: str) -> None:
         close_old_connections()
 
 
-def start(stream_id: uuid.UUID, prompt: str) -> None:
-    """Answer in the background, in one of a few named worker threads of this process."""
+async def tokens(prompt: str) -> AsyncIterator[str]:
+    """The answer's tokens at ``CHAT_TOKENS_PER_SECOND``, as a streaming model client yields them."""
+    pause = 1 / getattr(settings, "CHAT_TOKENS_PER_SECOND", 30)
+    for token in answer(prompt):
+        yield token
+        await asyncio.sleep(pause)
+
+
+def generate_parts(stream_id: uuid.UUID, prompt: str) -> None:
+    """Write the answer as one AI SDK assistant message, then close the stream."""
+    try:
+        ending = asyncio.run(aisdk.write_answer(stream_id, tokens(prompt)))
+    except Exception:  # its readers end it once its lease runs out
+        logger.exception("could not write the answer in stream %s", stream_id)
+    else:
+        logger.info("the answer in stream %s ended: %s", stream_id, ending)
+
+
+def start(stream_id: uuid.UUID, prompt: str, *, parts: bool = False) -> None:
+    """Answer in the background, in one of a few named worker threads of this process: as plain
+    tokens, or with ``parts`` as the AI SDK's message parts."""
     global _executor
     if _executor is None:
         _executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="chat-llm")
-    _executor.submit(generate, stream_id, prompt)
+    _executor.submit(generate_parts if parts else generate, stream_id, prompt)

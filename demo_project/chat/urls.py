@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import views
+from . import assistant, views
 
 app_name = "chat"
 
@@ -10,4 +10,7 @@ urlpatterns = [
     path("c/<int:pk>/stop/", views.stop, name="stop"),
     path("c/<int:pk>/state/", views.state, name="state"),
     path("c/<int:pk>/official-client/", views.official_client, name="official_client"),
+    path("ai/chat", assistant.chat, name="ai_chat"),
+    path("ai/chat/<str:chat_id>/stream", assistant.resume, name="ai_resume"),
+    path("ai/chat/<str:chat_id>/stop", assistant.stop, name="ai_stop"),
 ]

@@ -1,0 +1,103 @@
+"""The chat as the AI SDK's ``useChat`` talks to it (``DefaultChatTransport`` with ``api`` set to
+``ai/chat``): a POST of the chat's messages starts an answer and streams it, the GET of
+``ai/chat/<id>/stream`` resumes the chat's latest answer (204 if it has none), and a POST to
+``ai/chat/<id>/stop`` ends the answer being written. Each prompt is a ``Conversation`` of the chat,
+its answer a stream written and served by ``pgstreams.aisdk``."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.contrib.auth.decorators import login_required
+from django.db import transaction
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
+from django.views.decorators.http import require_GET, require_POST
+
+from pgstreams import aisdk
+
+from . import llm
+from .models import Conversation
+from .views import MAX_PROMPT
+
+CHAT_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+@login_required
+@require_POST
+async def chat(request: HttpRequest) -> HttpResponseBase:
+    """``sendMessages``: the body is ``{"id": chat id, "messages": [...], ...}``; the prompt is
+    the text of the last message, which must be the user's."""
+    try:
+        body = json.loads(request.body)
+        chat_id, messages = body["id"], body["messages"]
+    except (ValueError, KeyError, TypeError):
+        return _refused('the body must be JSON with "id" and "messages", as the AI SDK sends it')
+    if not isinstance(chat_id, str) or not CHAT_ID.fullmatch(chat_id):
+        return _refused("a chat id is 1 to 64 letters, digits, '_' or '-'")
+    prompt = _prompt(messages)
+    if not prompt:
+        return _refused("the last message must be the user's, with text")
+    if len(prompt) > MAX_PROMPT:
+        return _refused(f"prompts are at most {MAX_PROMPT} characters")
+    turn = await sync_to_async(_start)(await request.auser(), chat_id, prompt)
+    return aisdk.response(turn.stream_id)
+
+
+@login_required
+@require_GET
+async def resume(request: HttpRequest, chat_id: str) -> HttpResponseBase:
+    """``reconnectToStream``: the chat's latest answer from its first part, live to its end."""
+    turn = await _latest(request, chat_id)
+    return HttpResponse(status=204) if turn is None else aisdk.response(turn.stream_id)
+
+
+@login_required
+@require_POST
+async def stop(request: HttpRequest, chat_id: str) -> JsonResponse:
+    """End the chat's latest answer with an ``abort`` part, if it is still being written; with
+    ``{"messageId": ...}`` only if that answer is still the latest."""
+    turn = await _latest(request, chat_id)
+    given = _json(request).get("messageId")
+    if turn is None or (given is not None and given != aisdk.message_id(turn.stream_id)):
+        return JsonResponse({"stopped": False})
+    return JsonResponse({"stopped": await aisdk.astop(turn.stream_id, reason="stopped by the user")})
+
+
+def _start(user: Any, chat_id: str, prompt: str) -> Conversation:
+    with transaction.atomic():
+        # A path too: @durable-streams/aisdk-transport reads the answer there.
+        stream = aisdk.create_answer(owner=user, label=prompt[:200], path=f"chat/{uuid.uuid4().hex}")
+        turn = Conversation.objects.create(user=user, prompt=prompt, stream=stream, chat_id=chat_id)
+        transaction.on_commit(lambda: llm.start(stream.id, prompt, parts=True))
+    return turn
+
+
+async def _latest(request: HttpRequest, chat_id: str) -> Conversation | None:
+    user = await request.auser()
+    return await Conversation.objects.filter(user=user, chat_id=chat_id).order_by("-created_at").afirst()
+
+
+def _prompt(messages: Any) -> str:
+    if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict):
+        return ""
+    last = messages[-1]
+    if last.get("role") != "user" or not isinstance(last.get("parts"), list):
+        return ""
+    texts = [p.get("text") for p in last["parts"] if isinstance(p, dict) and p.get("type") == "text"]
+    return "".join(t for t in texts if isinstance(t, str)).strip()
+
+
+def _json(request: HttpRequest) -> dict[str, Any]:
+    try:
+        body = json.loads(request.body or b"{}")
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _refused(message: str) -> HttpResponse:
+    return HttpResponse(f"{message}\n", status=400, content_type="text/plain; charset=utf-8")

@@ -1,0 +1,265 @@
+"""The AI SDK's UI message stream (npm ``ai``: ``useChat``, its ``Chat`` and
+``DefaultChatTransport``) written to and served from pgstreams streams: one stream per answer,
+one chunk per part (its JSON), so an answer is durable, read by any process, and readable by the
+WebSocket, SSE and Durable Streams endpoints and in the admin too.
+
+``create_answer`` makes an answer's stream; ``write_answer`` (or ``start_answer``, in a task of
+the running loop) turns what a model yields (text deltas, or whole parts) into the parts of one
+assistant message on the append path, and ends it with ``finish`` (or ``error``, if the source
+raised) in the same transaction as the stream's close. ``stop`` ends an answer from any process
+with ``abort``; the writer stops its source at its next part. Both ends are appends that close, so
+exactly one of them lands, and a stop for an answer that ended does nothing. ``response`` serves
+an answer as the SDK's client reads it: every part from the first (the client treats a resumed
+answer as a replay from its ``start``, and replaces the message with that id, so nothing is
+shown twice), the live ones as they commit, then ``[DONE]`` at the close.
+
+A writer keeps a lease on its answer (``LEASE`` seconds, renewed a third of it apart, in the
+stream's metadata, by the database's clock); a response that finds the answer it follows open,
+silent and past its lease ends it with an ``error`` part. So a generation whose process died
+leaves no client waiting more than ``LEASE`` + ``HEARTBEAT`` seconds after its last renewal.
+
+Not here: conversations and which answer is a chat's latest (the project's models, as in the
+SDK's own examples), calling models, and who may read an answer (the project's view decides
+before it calls ``response``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import uuid
+from collections.abc import AsyncIterable, Mapping, Sequence
+from typing import Any, Final, Literal
+
+from django.db import connections
+from django.http import StreamingHttpResponse
+
+from . import appender, conf, delivery, protocol, threads
+from .exceptions import ChunksPruned, StreamClosed, StreamNotFound
+from .models import Stream
+from .types import StreamChunk, stream_uuid
+
+logger = logging.getLogger("pgstreams.aisdk")
+
+# What the SDK's own server helpers send with a UI message stream (less the hop-by-hop
+# Connection header, which ASGI servers set themselves).
+HEADERS: Final = {"x-vercel-ai-ui-message-stream": "v1", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+LEASE: Final = 10.0  # seconds an open answer is kept for its writer without a renewal
+HEARTBEAT: Final = 5.0  # seconds of silence after which a response sends a comment and looks at the lease
+ERROR_TEXT: Final = "The answer failed."  # what a client is shown: the exception stays in the server's log
+ABANDONED_TEXT: Final = "The answer's writer stopped before it finished."
+
+Ending = Literal["finish", "error", "stopped"]
+
+_DONE: Final = b"data: [DONE]\n\n"
+_answering: set[asyncio.Task[Ending]] = set()  # start_answer's tasks, which the loop holds only weakly
+_LINE_END: Final = re.compile(r"\r\n|\r|\n")
+_RENEW_SQL: Final = (
+    "UPDATE pgstreams_stream SET metadata = jsonb_set(metadata, '{aisdk_lease}', "
+    "to_jsonb(extract(epoch FROM now()) + %s)) WHERE id = %s AND closed_at IS NULL"
+)
+_ABANDONED_SQL: Final = (
+    "SELECT 1 FROM pgstreams_stream WHERE id = %s AND closed_at IS NULL "
+    "AND (metadata->>'aisdk_lease')::float8 < extract(epoch FROM now())"
+)
+
+
+def part(kind: str, **fields: Any) -> str:
+    """One UI message part (``{"type": kind, ...fields}``) as the chunk that stores it."""
+    return json.dumps({"type": kind, **fields}, separators=(",", ":"), ensure_ascii=False)
+
+
+def message_id(stream_id: Any) -> str:
+    """The id of the message an answer's stream holds (its ``start`` part's ``messageId``)."""
+    return f"msg-{stream_uuid(stream_id).hex}"
+
+
+def create_answer(*, using: str | None = None, **fields: Any) -> Stream:
+    """``create_stream(**fields)`` for an answer: an ``application/json`` stream (a part per
+    chunk, so that the Durable Streams endpoint serves it, with a ``path``, to
+    ``@durable-streams/aisdk-transport`` as it is), leased from now: if nothing writes it within
+    LEASE (the process that was to generate it died first), its readers end it."""
+    from .writer import create_stream
+
+    stream = create_stream(using=using, **{"content_type": "application/json", **fields})
+    _renew(stream.id, using or conf.database())
+    return stream
+
+
+async def acreate_answer(*, using: str | None = None, **fields: Any) -> Stream:
+    """``create_answer()`` for async code."""
+    return await _create_answer_async(using=using, **fields)
+
+
+def start_answer(
+    stream_id: Any, source: AsyncIterable[str | Mapping[str, Any]], *, using: str | None = None
+) -> asyncio.Task[Ending]:
+    """``write_answer()`` in a task of the running event loop, kept until it ends: a view that
+    starts an answer and returns ``response()`` can end (its client reloads) while the answer
+    goes on being written."""
+    task = asyncio.get_running_loop().create_task(
+        write_answer(stream_id, source, using=using), name=f"pgstreams-aisdk-answer-{stream_uuid(stream_id)}"
+    )
+    _answering.add(task)
+    task.add_done_callback(_answering.discard)
+    return task
+
+
+async def write_answer(
+    stream_id: Any, source: AsyncIterable[str | Mapping[str, Any]], *, using: str | None = None
+) -> Ending:
+    """Write the assistant message ``source`` yields to an open stream, and close it.
+
+    ``source`` yields text deltas (``str``), which become one text part, or whole UI message
+    parts (mappings with a ``type``: ``reasoning-*``, ``data-*``, tool parts...), stored as
+    they are. The message starts with ``start`` (its id ``message_id(stream_id)``) and
+    ``start-step``; it ends with ``finish-step`` and ``finish``, or with ``error`` if
+    ``source`` raised (logged here; the client is shown ERROR_TEXT). Chunks go through a
+    ``stream_writer``, so a part costs no wait for its commit.
+
+    Returns how it ended: "finish", "error", or "stopped" if the stream was closed meanwhile
+    (``stop``, or a reader that found its lease run out): then ``source`` is closed at its next
+    part and nothing more is written.
+    """
+    sid = stream_uuid(stream_id)
+    alias = using or conf.database()
+    ending: Ending = "finish"
+    lease = asyncio.create_task(_keep_lease(sid, alias), name=f"pgstreams-aisdk-lease-{sid}")
+    try:
+        async with appender.stream_writer(sid, using=alias) as writer:
+            await writer.send(part("start", messageId=message_id(sid)))
+            await writer.send(part("start-step"))
+            text: str | None = None  # the open text part's id
+            parts = 0
+            try:
+                async for item in source:
+                    if isinstance(item, str):
+                        if text is None:
+                            parts += 1
+                            text = f"text-{parts}"
+                            await writer.send(part("text-start", id=text))
+                        await writer.send(part("text-delta", id=text, delta=item))
+                        continue
+                    if text is not None:
+                        await writer.send(part("text-end", id=text))
+                        text = None
+                    await writer.send(_given_part(item))
+            except StreamClosed:
+                raise
+            except Exception:
+                logger.exception("pgstreams: the source of the answer in stream %s failed", sid)
+                ending = "error"
+            if text is not None:
+                await writer.send(part("text-end", id=text))
+            await writer.send(part("finish-step"))
+        last = part("finish") if ending == "finish" else part("error", errorText=ERROR_TEXT)
+        await appender.aappend(sid, last, close=True, using=alias)
+        return ending
+    except StreamClosed:
+        return "stopped"
+    finally:
+        lease.cancel()
+        if hasattr(source, "aclose"):
+            await source.aclose()
+
+
+def stop(stream_id: Any, *, reason: str | None = None, using: str | None = None) -> bool:
+    """End an answer with an ``abort`` part, from any process: True if this stopped it, False
+    if it had ended already (by ``finish``, ``error`` or another stop; nothing is written)."""
+    try:
+        appender.append(stream_id, _abort(reason), close=True, using=using)
+    except StreamClosed:
+        return False
+    return True
+
+
+async def astop(stream_id: Any, *, reason: str | None = None, using: str | None = None) -> bool:
+    """``stop()`` for async code."""
+    try:
+        await appender.aappend(stream_id, _abort(reason), close=True, using=using)
+    except StreamClosed:
+        return False
+    return True
+
+
+def response(stream_id: Any, *, using: str | None = None) -> StreamingHttpResponse:
+    """The answer in a stream as the SDK's UI message stream over SSE: every part from the first,
+    then each as it commits, then ``[DONE]`` at the stream's close. The caller has checked that
+    the request may read it."""
+    sid = stream_uuid(stream_id)
+    reply = StreamingHttpResponse(_events(sid, using or conf.database()), content_type="text/event-stream")
+    for header, value in HEADERS.items():
+        reply[header] = value
+    return reply
+
+
+async def _events(sid: uuid.UUID, alias: str) -> Any:
+    try:
+        async with contextlib.aclosing(delivery.afollow(sid, from_offset=0, idle=HEARTBEAT)) as batches:
+            async for progress in batches:
+                if progress.chunks:
+                    yield delivery.shared("aisdk", progress.chunks, _sse_data)
+                    continue
+                yield protocol.SSE_KEEPALIVE
+                if await _abandoned_async(sid, alias):
+                    with contextlib.suppress(StreamClosed):  # ended meanwhile, by its writer or another reader
+                        await appender.aappend(sid, part("error", errorText=ABANDONED_TEXT), close=True, using=alias)
+    except StreamNotFound:
+        yield _sse_part(part("error", errorText="The answer was deleted."))
+    except ChunksPruned:
+        yield _sse_part(part("error", errorText="The answer's first parts were pruned."))
+    yield _DONE
+
+
+def _sse_data(chunks: Sequence[StreamChunk]) -> bytes:
+    return "".join(_sse_event(chunk.data) for chunk in chunks).encode()
+
+
+def _sse_event(data: str) -> str:
+    if "\n" not in data and "\r" not in data:
+        return f"data: {data}\n\n"
+    return "".join(f"data: {line}\n" for line in _LINE_END.split(data)) + "\n"  # rejoined by the client
+
+
+def _sse_part(data: str) -> bytes:
+    return _sse_event(data).encode()
+
+
+def _given_part(item: Mapping[str, Any]) -> str:
+    kind = item.get("type") if isinstance(item, Mapping) else None
+    if not isinstance(kind, str) or not kind:
+        raise TypeError(f"an answer's source yields text (str) or parts (mappings with a 'type'), not {item!r:.80}")
+    return json.dumps(item, separators=(",", ":"), ensure_ascii=False)
+
+
+def _abort(reason: str | None) -> str:
+    return part("abort", reason=reason) if reason is not None else part("abort")
+
+
+def _renew(sid: uuid.UUID, alias: str) -> None:
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_RENEW_SQL, [LEASE, sid])
+
+
+def _abandoned(sid: uuid.UUID, alias: str) -> bool:
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_ABANDONED_SQL, [sid])
+        return cursor.fetchone() is not None
+
+
+_create_answer_async = threads.writes.wrap(create_answer)
+_renew_async = threads.writes.wrap(_renew)
+_abandoned_async = threads.lookups.wrap(_abandoned)
+
+
+async def _keep_lease(sid: uuid.UUID, alias: str) -> None:
+    """Renew the answer's lease until cancelled; a renewal that fails is logged and tried again."""
+    while True:
+        try:
+            await _renew_async(sid, alias)
+        except Exception:
+            logger.exception("pgstreams: could not renew the lease of the answer in stream %s", sid)
+        await asyncio.sleep(LEASE / 3)

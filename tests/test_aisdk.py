@@ -1,0 +1,269 @@
+"""The AI SDK's UI message stream from pgstreams (``pgstreams.aisdk``): answers written as parts,
+ended once by finish, error or stop, served from their first part; then the SDK's own chat client
+(``node/aisdk_chat.mjs``: @ai-sdk/react's ``Chat`` and ``DefaultChatTransport``) against the
+demo's endpoints under daphne: a whole answer, a reload mid-answer, two tabs, a stop then a
+reload, an answer read after it ended, and a generating process killed mid-answer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import time
+from typing import Any
+
+import httpx
+import pytest
+from asgiref.sync import sync_to_async
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+import pgstreams
+from demo_project.chat import llm
+from demo_project.chat.models import Conversation
+from pgstreams import aisdk
+from pgstreams.models import Chunk, Stream
+from tests.helpers import node_dir
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PROMPT = "Why does a NOTIFY per write not scale?"
+WHOLE = "".join(llm.answer(PROMPT))
+CSRF = "pgstreamsaisdktestcsrftoken12345"  # 32 characters: a CSRF secret, sent as cookie and header
+
+
+def parts(stream: Stream | Any) -> list[dict[str, Any]]:
+    rows = Chunk.objects.filter(stream_id=getattr(stream, "id", stream)).order_by("offset")
+    return [json.loads(data) for data in rows.values_list("data", flat=True)]
+
+
+def kinds(stream: Stream | Any) -> list[str]:
+    return [p["type"] for p in parts(stream)]
+
+
+async def served(stream_id: Any) -> list[str]:
+    """What ``aisdk.response`` sends, event by event (the data of each)."""
+    body = b"".join([piece async for piece in aisdk.response(stream_id).streaming_content])
+    events = [event for event in body.decode().split("\n\n") if event and not event.startswith(":")]
+    return [event.removeprefix("data: ") for event in events]
+
+
+async def words(*items: str | dict, fail: bool = False, pause: float = 0.0):
+    for item in items:
+        yield item
+        await asyncio.sleep(pause)
+    if fail:
+        raise RuntimeError("the model's connection broke")
+
+
+# -- the library ---------------------------------------------------------------------------------
+
+
+async def test_an_answer_is_stored_as_the_parts_of_one_message_and_served_from_its_first() -> None:
+    stream = await sync_to_async(aisdk.create_answer)()
+    reasoning = {"type": "reasoning-start", "id": "r1"}
+    ending = await aisdk.write_answer(stream.id, words(reasoning, "Hello", ", world"))
+    assert ending == "finish"
+    stored = await sync_to_async(parts)(stream)
+    assert [p["type"] for p in stored] == [
+        *("start", "start-step", "reasoning-start", "text-start", "text-delta", "text-delta", "text-end"),
+        *("finish-step", "finish"),
+    ]
+    assert stored[0]["messageId"] == aisdk.message_id(stream.id)
+    assert "".join(p["delta"] for p in stored if p["type"] == "text-delta") == "Hello, world"
+    assert (await Stream.objects.aget(pk=stream.pk)).is_closed
+    events = await served(stream.id)
+    assert [json.loads(e)["type"] for e in events[:-1]] == [p["type"] for p in stored] and events[-1] == "[DONE]"
+
+
+async def test_a_source_that_raises_ends_its_answer_with_an_error_part_and_keeps_what_it_said() -> None:
+    stream = await sync_to_async(aisdk.create_answer)()
+    assert await aisdk.write_answer(stream.id, words("partial", fail=True)) == "error"
+    stored = await sync_to_async(parts)(stream)
+    assert [p["type"] for p in stored][-4:] == ["text-delta", "text-end", "finish-step", "error"]
+    assert stored[-1]["errorText"] == aisdk.ERROR_TEXT  # the exception itself stays in the log
+    assert (await Stream.objects.aget(pk=stream.pk)).is_closed
+
+
+async def test_a_stop_ends_the_answer_with_abort_closes_its_source_and_a_second_stop_does_nothing() -> None:
+    stream = await sync_to_async(aisdk.create_answer)()
+    closed = asyncio.Event()
+
+    async def endless():
+        try:
+            for i in range(10_000):
+                yield f"w{i} "
+                await asyncio.sleep(0.01)
+        finally:
+            closed.set()
+
+    writing = asyncio.ensure_future(aisdk.write_answer(stream.id, endless()))
+    await asyncio.sleep(0.3)
+    assert await aisdk.astop(stream.id, reason="stopped by the user") is True
+    assert await asyncio.wait_for(writing, 10) == "stopped" and closed.is_set()
+    stored = await sync_to_async(parts)(stream)
+    assert stored[-1] == {"type": "abort", "reason": "stopped by the user"}
+    assert [p["type"] for p in stored].count("abort") == 1 and "finish" not in [p["type"] for p in stored]
+    assert await aisdk.astop(stream.id) is False
+    assert await sync_to_async(parts)(stream) == stored
+
+
+async def test_a_stop_after_the_finish_does_nothing() -> None:
+    stream = await sync_to_async(aisdk.create_answer)()
+    await aisdk.write_answer(stream.id, words("done"))
+    assert await aisdk.astop(stream.id) is False
+    assert (await sync_to_async(kinds)(stream))[-1] == "finish"
+
+
+async def test_an_answer_nobody_writes_past_its_lease_is_ended_by_its_reader(monkeypatch) -> None:
+    monkeypatch.setattr(aisdk, "LEASE", 0.3)
+    monkeypatch.setattr(aisdk, "HEARTBEAT", 0.2)
+    stream = await sync_to_async(aisdk.create_answer)()  # and its writer never starts
+    await pgstreams.aappend(stream.id, aisdk.part("start", messageId=aisdk.message_id(stream.id)))
+    events = await asyncio.wait_for(served(stream.id), 10)
+    assert json.loads(events[-2]) == {"type": "error", "errorText": aisdk.ABANDONED_TEXT} and events[-1] == "[DONE]"
+    assert (await Stream.objects.aget(pk=stream.pk)).is_closed
+
+
+async def test_a_writer_that_lives_keeps_its_lease_while_its_model_is_silent(monkeypatch) -> None:
+    monkeypatch.setattr(aisdk, "LEASE", 0.6)
+    monkeypatch.setattr(aisdk, "HEARTBEAT", 0.2)
+    stream = await sync_to_async(aisdk.create_answer)()
+    writing = asyncio.ensure_future(aisdk.write_answer(stream.id, words("thinking", "...done", pause=2.0)))
+    events = await asyncio.wait_for(served(stream.id), 20)
+    assert await writing == "finish"
+    assert json.loads(events[-2])["type"] == "finish" and "error" not in "".join(events)
+
+
+async def test_a_part_with_newlines_is_framed_so_the_client_reads_it_whole() -> None:
+    stream = await sync_to_async(aisdk.create_answer)()
+    await pgstreams.aappend(stream.id, '{"type": "data-note",\n"data": "a\\nb"}\r\n', close=True)
+    assert json.loads((await served(stream.id))[0].replace("\ndata: ", "\n")) == {"type": "data-note", "data": "a\nb"}
+
+
+async def test_a_source_that_yields_neither_text_nor_a_part_is_refused_and_ends_the_answer() -> None:
+    stream = await sync_to_async(aisdk.create_answer)()
+    assert await aisdk.write_answer(stream.id, words({"no": "type"})) == "error"
+    assert (await sync_to_async(kinds)(stream))[-1] == "error"
+
+
+# -- the SDK's client against the demo -------------------------------------------------------------
+
+
+@pytest.fixture
+def session() -> dict[str, str]:
+    client = Client()
+    client.force_login(get_user_model().objects.create_user("aisdk-user"))
+    return {"cookie": f"sessionid={client.cookies['sessionid'].value}; csrftoken={CSRF}", "csrf": CSRF}
+
+
+def sdk(server: str, session: dict[str, str], chat: str, action: str, **options: Any) -> dict[str, Any]:
+    """Run the SDK's client once (node/aisdk_chat.mjs) and return what it printed."""
+    config = {"base": f"http://{server}", **session, "chat": chat, "action": action, **options}
+    run = subprocess.run(
+        ["node", "aisdk_chat.mjs", json.dumps(config)], cwd=node_dir(), capture_output=True, text=True, timeout=90
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    return json.loads(run.stdout.splitlines()[-1])
+
+
+def start(server: str, session: dict[str, str], chat: str, action: str, **options: Any) -> subprocess.Popen[str]:
+    config = {"base": f"http://{server}", **session, "chat": chat, "action": action, **options}
+    return subprocess.Popen(
+        ["node", "aisdk_chat.mjs", json.dumps(config)], cwd=node_dir(), stdout=subprocess.PIPE, text=True
+    )
+
+
+def text(message: dict[str, Any]) -> str:
+    return "".join(p["text"] for p in message["parts"] if p["type"] == "text")
+
+
+def roles(result: dict[str, Any]) -> list[str]:
+    return [m["role"] for m in result["messages"]]
+
+
+def latest_answer(chat: str) -> Stream:
+    return Conversation.objects.filter(chat_id=chat).latest("created_at").stream
+
+
+def test_the_sdk_client_gets_a_whole_answer_and_again_after_it_ended(demo_server: str, session) -> None:
+    sent = sdk(demo_server, session, "whole", "send", prompt=PROMPT)
+    assert sent["status"] == "ready" and sent["error"] is None and roles(sent) == ["user", "assistant"]
+    assert text(sent["messages"][1]) == WHOLE
+    answer = latest_answer("whole")
+    assert sent["messages"][1]["id"] == aisdk.message_id(answer.id) and answer.is_closed
+    # A page opened after the end renders the conversation and resumes: the answer is replayed
+    # under its id, so it replaces the one rendered instead of showing twice.
+    again = sdk(demo_server, session, "whole", "resume", messages=sent["messages"])
+    assert again["status"] == "ready" and roles(again) == ["user", "assistant"] and text(again["messages"][1]) == WHOLE
+    print(f"a whole answer: {sent['deltas']} deltas; replayed after its end: {again['deltas']}")
+
+
+def test_a_reload_mid_answer_resumes_it_from_postgres_with_nothing_lost_or_twice(demo_server: str, session) -> None:
+    cut = sdk(demo_server, session, "reload", "send", prompt=PROMPT, disconnectAfter=5)
+    assert cut["status"] == "ready" and 5 <= len(text(cut["messages"][1])) < len(WHOLE)
+    # The page reloads: it renders what it had (or only the prompt) and resumes.
+    with_partial = start(demo_server, session, "reload", "resume", messages=cut["messages"])
+    prompt_only = sdk(demo_server, session, "reload", "resume", messages=cut["messages"][:1])
+    resumed = json.loads(with_partial.communicate(timeout=90)[0].splitlines()[-1])
+    for result in (resumed, prompt_only):
+        assert result["status"] == "ready" and roles(result) == ["user", "assistant"]
+        assert text(result["messages"][1]) == WHOLE
+        assert result["messages"][1]["id"] == cut["messages"][1]["id"]
+    print(f"cut after {cut['deltas']} deltas ({len(text(cut['messages'][1]))} characters), resumed whole twice")
+
+
+def test_two_tabs_of_one_chat_each_get_the_whole_answer(demo_server: str, session) -> None:
+    first = start(demo_server, session, "tabs", "send", prompt=PROMPT)
+    deadline = time.monotonic() + 20
+    while not Conversation.objects.filter(chat_id="tabs").exists():  # bounded: the answer's stream exists
+        assert time.monotonic() < deadline, "the first tab's prompt never arrived"
+        time.sleep(0.05)
+    second = sdk(demo_server, session, "tabs", "resume", messages=[])
+    first_result = json.loads(first.communicate(timeout=90)[0].splitlines()[-1])
+    assert roles(first_result) == ["user", "assistant"] and text(first_result["messages"][1]) == WHOLE
+    assert roles(second) == ["assistant"] and text(second["messages"][0]) == WHOLE
+
+
+def test_a_stop_keeps_the_partial_answer_and_a_reload_shows_the_same(demo_server: str, session) -> None:
+    stopped = sdk(demo_server, session, "stop", "send", prompt=PROMPT, stopAfter=5)
+    assert stopped["stop"] == {"stopped": True} and stopped["status"] == "ready" and stopped["error"] is None
+    partial = text(stopped["messages"][1])
+    assert 5 <= len(partial) < len(WHOLE)
+    answer = latest_answer("stop")
+    stored = kinds(answer)
+    assert stored[-1] == "abort" and "finish" not in stored and answer.is_closed
+    time.sleep(0.5)  # the generator, stopped at its next word, writes nothing more
+    assert kinds(answer) == stored
+    reloaded = sdk(demo_server, session, "stop", "resume", messages=stopped["messages"][:1])
+    assert roles(reloaded) == ["user", "assistant"] and text(reloaded["messages"][1]) == partial
+    headers = {"Cookie": session["cookie"], "X-CSRFToken": CSRF}
+    again = httpx.post(f"http://{demo_server}/ai/chat/stop/stop", headers=headers)
+    assert again.json() == {"stopped": False} and kinds(answer) == stored
+    print(f"stopped after {len(partial)} of {len(WHOLE)} characters; {len(stored)} parts stored")
+
+
+def test_an_answer_whose_generating_process_was_killed_ends_with_an_error_part(demo_server, session, spawn) -> None:
+    user = get_user_model().objects.get(username="aisdk-user")
+    answer = aisdk.create_answer(owner=user)
+    Conversation.objects.create(user=user, prompt=PROMPT, stream=answer, chat_id="killed")
+    writer = spawn("answer", "--stream", str(answer.id), "--count", "1000", "--pause", "0.05")
+    assert writer.stdout.readline().strip() == "writing"
+    reader = start(demo_server, session, "killed", "resume", messages=[])
+    time.sleep(1.0)
+    writer.send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    result = json.loads(reader.communicate(timeout=90)[0].splitlines()[-1])
+    ended = time.monotonic() - killed
+    assert result["status"] == "error" and result["error"] == aisdk.ABANDONED_TEXT
+    assert roles(result) == ["assistant"] and text(result["messages"][0]).startswith("word0 word1 ")
+    assert kinds(answer)[-1] == "error"
+    said = len(text(result["messages"][0]))
+    print(f"the writer killed after {said} characters; its reader's answer ended {ended:.1f} s later")
+    assert ended < aisdk.LEASE + aisdk.HEARTBEAT + 5
+
+
+def test_a_chat_with_no_answer_resumes_to_nothing(demo_server: str, session) -> None:
+    nothing = sdk(demo_server, session, "empty", "resume", messages=[])
+    assert nothing["status"] == "ready" and nothing["messages"] == [] and nothing["deltas"] == 0
