@@ -3,18 +3,20 @@
 //
 //   node aisdk_chat.mjs '{"base": "http://127.0.0.1:PORT", "cookie": "...", "csrf": "...",
 //                         "chat": "ID", "action": "send" | "resume", "prompt": "...",
-//                         "messages": [...], "disconnectAfter": N, "stopAfter": N}'
+//                         "messages": [...], "disconnectAfter": N, "stopAfter": N, "api": "/ai/chat"}'
 //
 // "send" sends the prompt as a user message; "resume" makes a new Chat with `messages` (as a page
 // that reloads renders them) and calls resumeStream(), as useChat({ resume: true }) does on mount.
 // After N text deltas have arrived, disconnectAfter calls chat.stop() (with resume on, a
-// disconnect), and stopAfter POSTs the demo's stop endpoint. Prints one JSON line: the chat's
+// disconnect), and stopAfter POSTs the stop endpoint (`${api}/${chat}/stop`, as the demo and the
+// README's example have it). Prints one JSON line: the chat's
 // status, error, messages, and the deltas received.
 import { Chat } from "@ai-sdk/react"
 import { DefaultChatTransport } from "ai"
 
 const options = JSON.parse(process.argv[2])
 const headers = { Cookie: options.cookie, "X-CSRFToken": options.csrf }
+const api = `${options.base}${options.api ?? "/ai/chat"}`
 let deltas = 0
 let onDelta = () => {}
 
@@ -42,7 +44,7 @@ async function countingFetch(url, init) {
 const chat = new Chat({
   id: options.chat,
   messages: options.messages ?? [],
-  transport: new DefaultChatTransport({ api: `${options.base}/ai/chat`, headers, fetch: countingFetch }),
+  transport: new DefaultChatTransport({ api, headers, fetch: countingFetch }),
 })
 
 const after = options.disconnectAfter ?? options.stopAfter
@@ -52,7 +54,7 @@ if (after != null) {
     if (deltas < after || stopped) return
     stopped = options.disconnectAfter != null
       ? Promise.resolve(chat.stop())
-      : fetch(`${options.base}/ai/chat/${options.chat}/stop`, { method: "POST", headers }).then((r) => r.json())
+      : fetch(`${api}/${options.chat}/stop`, { method: "POST", headers }).then((r) => r.json())
   }
 }
 

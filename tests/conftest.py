@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -103,11 +104,15 @@ def spawn():
 
 @contextlib.contextmanager
 def serving(
-    command: list[str], port: int, first_line: str | None = None, env: dict[str, str] | None = None
+    command: list[str],
+    port: int,
+    first_line: str | None = None,
+    env: dict[str, str] | None = None,
+    cwd: Path = ROOT,
 ) -> Iterator[str]:
     """Run ``command`` (a server of the demo's ASGI application on ``port`` of the loopback,
-    against the test database, with ``env`` added to its environment) until the block ends;
-    yields its host:port once it accepts."""
+    against the test database, with ``env`` added to its environment, in ``cwd``) until the
+    block ends; yields its host:port once it accepts."""
     env = {
         **os.environ,
         "DATABASE_URL": subprocess_database_url(),
@@ -115,7 +120,7 @@ def serving(
         "CHAT_TOKENS_PER_SECOND": "30",
         **(env or {}),
     }
-    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         if first_line is not None:
             assert first_line in proc.stdout.readline()

@@ -2,21 +2,26 @@
 ended once by finish, error or stop, served from their first part; then the SDK's own chat client
 (``node/aisdk_chat.mjs``: @ai-sdk/react's ``Chat`` and ``DefaultChatTransport``) against the
 demo's endpoints under daphne: a whole answer, a reload mid-answer, two tabs, a stop then a
-reload, an answer read after it ended, and a generating process killed mid-answer."""
+reload, an answer read after it ended, and a generating process killed mid-answer; and a project
+made from the README's example alone."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import subprocess
+import sys
 import time
 from typing import Any
 
 import httpx
 import pytest
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.db import connection
 from django.test import Client
 
 import pgstreams
@@ -24,7 +29,8 @@ from demo_project.chat import llm
 from demo_project.chat.models import Conversation
 from pgstreams import aisdk
 from pgstreams.models import Chunk, Stream
-from tests.helpers import node_dir
+from tests.conftest import serving
+from tests.helpers import ROOT, free_port, node_dir
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -267,3 +273,39 @@ def test_an_answer_whose_generating_process_was_killed_ends_with_an_error_part(d
 def test_a_chat_with_no_answer_resumes_to_nothing(demo_server: str, session) -> None:
     nothing = sdk(demo_server, session, "empty", "resume", messages=[])
     assert nothing["status"] == "ready" and nothing["messages"] == [] and nothing["deltas"] == 0
+
+
+def readme_files() -> dict[str, str]:
+    """The README's AI SDK example: each Python block whose first line names its file."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## AI SDK: `useChat` from Django", 1)[1].split("\n## ", 1)[0]
+    files = {}
+    for block in re.findall(r"```python\n(.*?)```", section, re.S):
+        named = re.match(r"# (\S+\.py)", block)
+        assert named, f"a Python block of the README's AI SDK section names no file: {block[:60]!r}"
+        files[named[1]] = block
+    return files
+
+
+def test_a_project_made_from_the_readme_alone_serves_an_answer_to_the_sdk_client(tmp_path, session) -> None:
+    files = readme_files()
+    assert set(files) == {"mysite/settings.py", "mysite/urls.py", "chat/llm.py", "chat/views.py"}
+    subprocess.run([sys.executable, "-m", "django", "startproject", "mysite", str(tmp_path)], check=True, timeout=60)
+    (tmp_path / "chat").mkdir()
+    (tmp_path / "chat" / "__init__.py").write_text("")
+    for name in ("mysite/urls.py", "chat/llm.py", "chat/views.py"):
+        (tmp_path / name).write_text(files[name])
+    database = {key: connection.settings_dict[key] for key in ("ENGINE", "NAME", "USER", "PASSWORD", "HOST", "PORT")}
+    with (tmp_path / "mysite" / "settings.py").open("a") as project_settings:
+        project_settings.write(f"\n{files['mysite/settings.py']}\n")
+        # The test's own: its database, and the secret its session was signed with.
+        project_settings.write(f"DATABASES = {{'default': {database!r}}}\nSECRET_KEY = {settings.SECRET_KEY!r}\n")
+    port = free_port()
+    command = [sys.executable, "-m", "daphne", "-v", "0", "-b", "127.0.0.1", "-p", str(port), "mysite.asgi:application"]
+    env = {"DJANGO_SETTINGS_MODULE": "mysite.settings", "PYTHONPATH": str(ROOT)}
+    with serving(command, port, env=env, cwd=tmp_path) as server:
+        sent = sdk(server, session, "readme", "send", prompt="hello from the README", api="/api/chat")
+        resumed = sdk(server, session, "readme", "resume", messages=sent["messages"][:1], api="/api/chat")
+    assert sent["status"] == "ready" and roles(sent) == ["user", "assistant"]
+    assert text(sent["messages"][1]) == "You said: hello from the README "
+    assert roles(resumed) == ["user", "assistant"] and text(resumed["messages"][1]) == text(sent["messages"][1])
