@@ -1,35 +1,43 @@
-// The AI SDK's own chat client (`Chat` from @ai-sdk/react, the class useChat drives, with its
-// DefaultChatTransport) against the demo's AI SDK endpoints, for tests/test_aisdk.py.
+// The AI SDK's own chat client (`Chat` from @ai-sdk/react, the class useChat drives) against a
+// Django project's AI SDK endpoints, for tests/test_aisdk.py, with either transport:
+// DefaultChatTransport (the answer as a UI message stream from pgstreams.aisdk) or
+// @durable-streams/aisdk-transport (the answer read from the Durable Streams endpoint).
 //
 //   node aisdk_chat.mjs '{"base": "http://127.0.0.1:PORT", "cookie": "...", "csrf": "...",
 //                         "chat": "ID", "action": "send" | "resume", "prompt": "...",
-//                         "messages": [...], "disconnectAfter": N, "stopAfter": N, "api": "/ai/chat"}'
+//                         "messages": [...], "disconnectAfter": N, "stopAfter": N,
+//                         "api": "/ai/chat", "transport": "default" | "durable"}'
 //
 // "send" sends the prompt as a user message; "resume" makes a new Chat with `messages` (as a page
 // that reloads renders them) and calls resumeStream(), as useChat({ resume: true }) does on mount.
 // After N text deltas have arrived, disconnectAfter calls chat.stop() (with resume on, a
 // disconnect), and stopAfter POSTs the stop endpoint (`${api}/${chat}/stop`, as the demo and the
-// README's example have it). Prints one JSON line: the chat's
-// status, error, messages, and the deltas received.
+// README's example have it). Prints one JSON line: the chat's status, error, messages, the text
+// deltas received, and the stop endpoint's answer.
 import { Chat } from "@ai-sdk/react"
+import { createDurableChatTransport } from "@durable-streams/aisdk-transport"
 import { DefaultChatTransport } from "ai"
 
 const options = JSON.parse(process.argv[2])
-const headers = { Cookie: options.cookie, "X-CSRFToken": options.csrf }
+const headers = { "X-CSRFToken": options.csrf }
 const api = `${options.base}${options.api ?? "/ai/chat"}`
 let deltas = 0
 let onDelta = () => {}
 
-// Counts the text deltas of every response as the transport reads it; changes nothing.
-async function countingFetch(url, init) {
-  const response = await fetch(url, init)
+// What a browser's fetch does here, and a count: the session's cookies go with every request to
+// the site (the Durable Streams client reads without the transport's headers), and the text
+// deltas of every response are counted as the client reads them, changing nothing.
+const nodeFetch = globalThis.fetch
+globalThis.fetch = async (url, init = {}) => {
+  const sent = new Headers(init.headers)
+  if (String(url).startsWith(options.base)) sent.set("Cookie", options.cookie)
+  const response = await nodeFetch(url, { ...init, headers: sent })
   if (!response.body) return response
   const decoder = new TextDecoder()
   const counted = response.body.pipeThrough(
     new TransformStream({
       transform(chunk, controller) {
-        const text = decoder.decode(chunk, { stream: true })
-        const found = text.match(/"type":"text-delta"/g)
+        const found = decoder.decode(chunk, { stream: true }).match(/"type":"text-delta"/g)
         controller.enqueue(chunk)
         if (found) {
           deltas += found.length
@@ -41,20 +49,21 @@ async function countingFetch(url, init) {
   return new Response(counted, { status: response.status, statusText: response.statusText, headers: response.headers })
 }
 
-const chat = new Chat({
-  id: options.chat,
-  messages: options.messages ?? [],
-  transport: new DefaultChatTransport({ api, headers, fetch: countingFetch }),
-})
+const transport =
+  options.transport === "durable"
+    ? createDurableChatTransport({ api, headers })
+    : new DefaultChatTransport({ api, headers })
+const chat = new Chat({ id: options.chat, messages: options.messages ?? [], transport })
 
 const after = options.disconnectAfter ?? options.stopAfter
 let stopped = null
 if (after != null) {
   onDelta = () => {
     if (deltas < after || stopped) return
-    stopped = options.disconnectAfter != null
-      ? Promise.resolve(chat.stop())
-      : fetch(`${api}/${options.chat}/stop`, { method: "POST", headers }).then((r) => r.json())
+    stopped =
+      options.disconnectAfter != null
+        ? Promise.resolve(chat.stop())
+        : fetch(`${api}/${options.chat}/stop`, { method: "POST", headers }).then((r) => r.json())
   }
 }
 
@@ -73,3 +82,4 @@ clearTimeout(deadline)
 console.log(
   JSON.stringify({ status: chat.status, error: chat.error?.message ?? null, deltas, stop, messages: chat.messages }),
 )
+process.exit(0) // a read the client let go of may still hold its connection (the Durable Streams one does)

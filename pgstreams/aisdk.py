@@ -185,6 +185,21 @@ async def astop(stream_id: Any, *, reason: str | None = None, using: str | None 
     return True
 
 
+async def aend_if_abandoned(stream_id: Any, *, using: str | None = None) -> bool:
+    """End an open answer whose lease has run out (its writer died, or never started) with an
+    ``error`` part; True if this ended it. ``response()`` asks this after each HEARTBEAT of
+    silence; a view that hands an answer to another reader (the Durable Streams endpoint, for
+    ``@durable-streams/aisdk-transport``) asks it first."""
+    sid, alias = stream_uuid(stream_id), using or conf.database()
+    if not await _abandoned_async(sid, alias):
+        return False
+    try:
+        await appender.aappend(sid, part("error", errorText=ABANDONED_TEXT), close=True, using=alias)
+    except StreamClosed:  # ended meanwhile, by its writer or another reader
+        return False
+    return True
+
+
 def response(stream_id: Any, *, using: str | None = None) -> StreamingHttpResponse:
     """The answer in a stream as the SDK's UI message stream over SSE: every part from the first,
     then each as it commits, then ``[DONE]`` at the stream's close. The caller has checked that
@@ -204,9 +219,7 @@ async def _events(sid: uuid.UUID, alias: str) -> Any:
                     yield delivery.shared("aisdk", progress.chunks, _sse_data)
                     continue
                 yield protocol.SSE_KEEPALIVE
-                if await _abandoned_async(sid, alias):
-                    with contextlib.suppress(StreamClosed):  # ended meanwhile, by its writer or another reader
-                        await appender.aappend(sid, part("error", errorText=ABANDONED_TEXT), close=True, using=alias)
+                await aend_if_abandoned(sid, using=alias)
     except StreamNotFound:
         yield _sse_part(part("error", errorText="The answer was deleted."))
     except ChunksPruned:

@@ -157,6 +157,19 @@ async def test_a_source_that_yields_neither_text_nor_a_part_is_refused_and_ends_
 # -- the SDK's client against the demo -------------------------------------------------------------
 
 
+ROUTES = {
+    "ui-message-stream": {"api": "/ai/chat", "transport": "default"},  # DefaultChatTransport, pgstreams.aisdk.response
+    "durable-streams": {"api": "/ai/durable/chat", "transport": "durable"},  # @durable-streams/aisdk-transport
+}
+
+
+@pytest.fixture(params=list(ROUTES))
+def chat_client(request, session) -> dict[str, str]:
+    """The session, the transport the SDK's client uses and the demo's endpoints for it (the
+    test's id names the route)."""
+    return {**session, **ROUTES[request.param]}
+
+
 @pytest.fixture
 def session() -> dict[str, str]:
     client = Client()
@@ -193,25 +206,25 @@ def latest_answer(chat: str) -> Stream:
     return Conversation.objects.filter(chat_id=chat).latest("created_at").stream
 
 
-def test_the_sdk_client_gets_a_whole_answer_and_again_after_it_ended(demo_server: str, session) -> None:
-    sent = sdk(demo_server, session, "whole", "send", prompt=PROMPT)
+def test_the_sdk_client_gets_a_whole_answer_and_again_after_it_ended(demo_server: str, chat_client) -> None:
+    sent = sdk(demo_server, chat_client, "whole", "send", prompt=PROMPT)
     assert sent["status"] == "ready" and sent["error"] is None and roles(sent) == ["user", "assistant"]
     assert text(sent["messages"][1]) == WHOLE
     answer = latest_answer("whole")
     assert sent["messages"][1]["id"] == aisdk.message_id(answer.id) and answer.is_closed
     # A page opened after the end renders the conversation and resumes: the answer is replayed
     # under its id, so it replaces the one rendered instead of showing twice.
-    again = sdk(demo_server, session, "whole", "resume", messages=sent["messages"])
+    again = sdk(demo_server, chat_client, "whole", "resume", messages=sent["messages"])
     assert again["status"] == "ready" and roles(again) == ["user", "assistant"] and text(again["messages"][1]) == WHOLE
     print(f"a whole answer: {sent['deltas']} deltas; replayed after its end: {again['deltas']}")
 
 
-def test_a_reload_mid_answer_resumes_it_from_postgres_with_nothing_lost_or_twice(demo_server: str, session) -> None:
-    cut = sdk(demo_server, session, "reload", "send", prompt=PROMPT, disconnectAfter=5)
+def test_a_reload_mid_answer_resumes_it_from_postgres_with_nothing_lost_or_twice(demo_server: str, chat_client) -> None:
+    cut = sdk(demo_server, chat_client, "reload", "send", prompt=PROMPT, disconnectAfter=5)
     assert cut["status"] == "ready" and 5 <= len(text(cut["messages"][1])) < len(WHOLE)
     # The page reloads: it renders what it had (or only the prompt) and resumes.
-    with_partial = start(demo_server, session, "reload", "resume", messages=cut["messages"])
-    prompt_only = sdk(demo_server, session, "reload", "resume", messages=cut["messages"][:1])
+    with_partial = start(demo_server, chat_client, "reload", "resume", messages=cut["messages"])
+    prompt_only = sdk(demo_server, chat_client, "reload", "resume", messages=cut["messages"][:1])
     resumed = json.loads(with_partial.communicate(timeout=90)[0].splitlines()[-1])
     for result in (resumed, prompt_only):
         assert result["status"] == "ready" and roles(result) == ["user", "assistant"]
@@ -220,20 +233,20 @@ def test_a_reload_mid_answer_resumes_it_from_postgres_with_nothing_lost_or_twice
     print(f"cut after {cut['deltas']} deltas ({len(text(cut['messages'][1]))} characters), resumed whole twice")
 
 
-def test_two_tabs_of_one_chat_each_get_the_whole_answer(demo_server: str, session) -> None:
-    first = start(demo_server, session, "tabs", "send", prompt=PROMPT)
+def test_two_tabs_of_one_chat_each_get_the_whole_answer(demo_server: str, chat_client) -> None:
+    first = start(demo_server, chat_client, "tabs", "send", prompt=PROMPT)
     deadline = time.monotonic() + 20
     while not Conversation.objects.filter(chat_id="tabs").exists():  # bounded: the answer's stream exists
         assert time.monotonic() < deadline, "the first tab's prompt never arrived"
         time.sleep(0.05)
-    second = sdk(demo_server, session, "tabs", "resume", messages=[])
+    second = sdk(demo_server, chat_client, "tabs", "resume", messages=[])
     first_result = json.loads(first.communicate(timeout=90)[0].splitlines()[-1])
     assert roles(first_result) == ["user", "assistant"] and text(first_result["messages"][1]) == WHOLE
     assert roles(second) == ["assistant"] and text(second["messages"][0]) == WHOLE
 
 
-def test_a_stop_keeps_the_partial_answer_and_a_reload_shows_the_same(demo_server: str, session) -> None:
-    stopped = sdk(demo_server, session, "stop", "send", prompt=PROMPT, stopAfter=5)
+def test_a_stop_keeps_the_partial_answer_and_a_reload_shows_the_same(demo_server: str, chat_client) -> None:
+    stopped = sdk(demo_server, chat_client, "stop", "send", prompt=PROMPT, stopAfter=5)
     assert stopped["stop"] == {"stopped": True} and stopped["status"] == "ready" and stopped["error"] is None
     partial = text(stopped["messages"][1])
     assert 5 <= len(partial) < len(WHOLE)
@@ -242,20 +255,27 @@ def test_a_stop_keeps_the_partial_answer_and_a_reload_shows_the_same(demo_server
     assert stored[-1] == "abort" and "finish" not in stored and answer.is_closed
     time.sleep(0.5)  # the generator, stopped at its next word, writes nothing more
     assert kinds(answer) == stored
-    reloaded = sdk(demo_server, session, "stop", "resume", messages=stopped["messages"][:1])
+    reloaded = sdk(demo_server, chat_client, "stop", "resume", messages=stopped["messages"][:1])
     assert roles(reloaded) == ["user", "assistant"] and text(reloaded["messages"][1]) == partial
-    headers = {"Cookie": session["cookie"], "X-CSRFToken": CSRF}
-    again = httpx.post(f"http://{demo_server}/ai/chat/stop/stop", headers=headers)
+    headers = {"Cookie": chat_client["cookie"], "X-CSRFToken": CSRF}
+    again = httpx.post(f"http://{demo_server}{chat_client['api']}/stop/stop", headers=headers)
     assert again.json() == {"stopped": False} and kinds(answer) == stored
     print(f"stopped after {len(partial)} of {len(WHOLE)} characters; {len(stored)} parts stored")
 
 
-def test_an_answer_whose_generating_process_was_killed_ends_with_an_error_part(demo_server, session, spawn) -> None:
+def writing(chat: str, spawn) -> tuple[Stream, subprocess.Popen[str]]:
+    """An answer of the chat being written by another process (``tests.workers answer``), once
+    it has begun."""
     user = get_user_model().objects.get(username="aisdk-user")
-    answer = aisdk.create_answer(owner=user)
-    Conversation.objects.create(user=user, prompt=PROMPT, stream=answer, chat_id="killed")
+    answer = aisdk.create_answer(owner=user, path=f"chat/{chat}")
+    Conversation.objects.create(user=user, prompt=PROMPT, stream=answer, chat_id=chat)
     writer = spawn("answer", "--stream", str(answer.id), "--count", "1000", "--pause", "0.05")
     assert writer.stdout.readline().strip() == "writing"
+    return answer, writer
+
+
+def test_an_answer_whose_generating_process_was_killed_ends_with_an_error_part(demo_server, session, spawn) -> None:
+    answer, writer = writing("killed", spawn)
     reader = start(demo_server, session, "killed", "resume", messages=[])
     time.sleep(1.0)
     writer.send_signal(signal.SIGKILL)
@@ -270,8 +290,25 @@ def test_an_answer_whose_generating_process_was_killed_ends_with_an_error_part(d
     assert ended < aisdk.LEASE + aisdk.HEARTBEAT + 5
 
 
-def test_a_chat_with_no_answer_resumes_to_nothing(demo_server: str, session) -> None:
-    nothing = sdk(demo_server, session, "empty", "resume", messages=[])
+def test_through_the_durable_streams_transport_a_dead_writers_answer_ends_at_the_next_resume(
+    demo_server, session, spawn
+) -> None:
+    answer, writer = writing("killed-durable", spawn)
+    time.sleep(1.0)
+    writer.send_signal(signal.SIGKILL)
+    deadline = time.monotonic() + aisdk.LEASE + 5
+    while not Stream.objects.filter(pk=answer.pk, metadata__aisdk_lease__lt=time.time()).exists():
+        assert time.monotonic() < deadline, "the dead writer's lease never ran out"  # bounded: LEASE
+        time.sleep(0.2)
+    durable = {**session, **ROUTES["durable-streams"]}
+    result = sdk(demo_server, durable, "killed-durable", "resume", messages=[])
+    assert result["status"] == "error" and result["error"] == aisdk.ABANDONED_TEXT
+    assert roles(result) == ["assistant"] and text(result["messages"][0]).startswith("word0 word1 ")
+    assert kinds(answer)[-1] == "error"
+
+
+def test_a_chat_with_no_answer_resumes_to_nothing(demo_server: str, chat_client) -> None:
+    nothing = sdk(demo_server, chat_client, "empty", "resume", messages=[])
     assert nothing["status"] == "ready" and nothing["messages"] == [] and nothing["deltas"] == 0
 
 

@@ -1,8 +1,10 @@
 """The chat as the AI SDK's ``useChat`` talks to it (``DefaultChatTransport`` with ``api`` set to
 ``ai/chat``): a POST of the chat's messages starts an answer and streams it, the GET of
 ``ai/chat/<id>/stream`` resumes the chat's latest answer (204 if it has none), and a POST to
-``ai/chat/<id>/stop`` ends the answer being written. Each prompt is a ``Conversation`` of the chat,
-its answer a stream written and served by ``pgstreams.aisdk``."""
+``ai/chat/<id>/stop`` ends the answer being written. ``ai/durable/chat`` is the same for
+``@durable-streams/aisdk-transport``: its POST and GET answer where the Durable Streams endpoint
+serves the answer. Each prompt is a ``Conversation`` of the chat, its answer a stream written by
+``pgstreams.aisdk``."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from asgiref.sync import sync_to_async
 from django.contrib.auth.decorators import login_required
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from pgstreams import aisdk
@@ -31,20 +34,8 @@ CHAT_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 async def chat(request: HttpRequest) -> HttpResponseBase:
     """``sendMessages``: the body is ``{"id": chat id, "messages": [...], ...}``; the prompt is
     the text of the last message, which must be the user's."""
-    try:
-        body = json.loads(request.body)
-        chat_id, messages = body["id"], body["messages"]
-    except (ValueError, KeyError, TypeError):
-        return _refused('the body must be JSON with "id" and "messages", as the AI SDK sends it')
-    if not isinstance(chat_id, str) or not CHAT_ID.fullmatch(chat_id):
-        return _refused("a chat id is 1 to 64 letters, digits, '_' or '-'")
-    prompt = _prompt(messages)
-    if not prompt:
-        return _refused("the last message must be the user's, with text")
-    if len(prompt) > MAX_PROMPT:
-        return _refused(f"prompts are at most {MAX_PROMPT} characters")
-    turn = await sync_to_async(_start)(await request.auser(), chat_id, prompt)
-    return aisdk.response(turn.stream_id)
+    turn = await _start(request)
+    return turn if isinstance(turn, HttpResponse) else aisdk.response(turn.stream_id)
 
 
 @login_required
@@ -53,6 +44,26 @@ async def resume(request: HttpRequest, chat_id: str) -> HttpResponseBase:
     """``reconnectToStream``: the chat's latest answer from its first part, live to its end."""
     turn = await _latest(request, chat_id)
     return HttpResponse(status=204) if turn is None else aisdk.response(turn.stream_id)
+
+
+@login_required
+@require_POST
+async def durable_chat(request: HttpRequest) -> HttpResponseBase:
+    """``sendMessages`` of ``@durable-streams/aisdk-transport``: where the answer can be read."""
+    turn = await _start(request)
+    return turn if isinstance(turn, HttpResponse) else _pointer(turn, 201)
+
+
+@login_required
+@require_GET
+async def durable_resume(request: HttpRequest, chat_id: str) -> HttpResponse:
+    """Its ``reconnectToStream``: where the chat's latest answer can be read (ended first if its
+    writer died: the Durable Streams endpoint knows nothing of leases)."""
+    turn = await _latest(request, chat_id)
+    if turn is None:
+        return HttpResponse(status=204)
+    await aisdk.aend_if_abandoned(turn.stream_id)
+    return _pointer(turn, 200)
 
 
 @login_required
@@ -67,7 +78,24 @@ async def stop(request: HttpRequest, chat_id: str) -> JsonResponse:
     return JsonResponse({"stopped": await aisdk.astop(turn.stream_id, reason="stopped by the user")})
 
 
-def _start(user: Any, chat_id: str, prompt: str) -> Conversation:
+async def _start(request: HttpRequest) -> Conversation | HttpResponse:
+    """The prompt's turn, its answer started; or the 400 that refuses the request."""
+    try:
+        body = json.loads(request.body)
+        chat_id, messages = body["id"], body["messages"]
+    except (ValueError, KeyError, TypeError):
+        return _refused('the body must be JSON with "id" and "messages", as the AI SDK sends it')
+    if not isinstance(chat_id, str) or not CHAT_ID.fullmatch(chat_id):
+        return _refused("a chat id is 1 to 64 letters, digits, '_' or '-'")
+    prompt = _prompt(messages)
+    if not prompt:
+        return _refused("the last message must be the user's, with text")
+    if len(prompt) > MAX_PROMPT:
+        return _refused(f"prompts are at most {MAX_PROMPT} characters")
+    return await sync_to_async(_new_turn)(await request.auser(), chat_id, prompt)
+
+
+def _new_turn(user: Any, chat_id: str, prompt: str) -> Conversation:
     with transaction.atomic():
         # A path too: @durable-streams/aisdk-transport reads the answer there.
         stream = aisdk.create_answer(owner=user, label=prompt[:200], path=f"chat/{uuid.uuid4().hex}")
@@ -78,7 +106,16 @@ def _start(user: Any, chat_id: str, prompt: str) -> Conversation:
 
 async def _latest(request: HttpRequest, chat_id: str) -> Conversation | None:
     user = await request.auser()
-    return await Conversation.objects.filter(user=user, chat_id=chat_id).order_by("-created_at").afirst()
+    turns = Conversation.objects.filter(user=user, chat_id=chat_id).select_related("stream")
+    return await turns.order_by("-created_at").afirst()
+
+
+def _pointer(turn: Conversation, status: int) -> JsonResponse:
+    url = reverse("pgstreams:durable-stream", kwargs={"path": turn.stream.path})
+    response = JsonResponse({"streamUrl": url}, status=status)
+    response["Location"] = url
+    response["Cache-Control"] = "no-store"
+    return response
 
 
 def _prompt(messages: Any) -> str:

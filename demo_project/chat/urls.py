@@ -13,4 +13,7 @@ urlpatterns = [
     path("ai/chat", assistant.chat, name="ai_chat"),
     path("ai/chat/<str:chat_id>/stream", assistant.resume, name="ai_resume"),
     path("ai/chat/<str:chat_id>/stop", assistant.stop, name="ai_stop"),
+    path("ai/durable/chat", assistant.durable_chat, name="ai_durable_chat"),
+    path("ai/durable/chat/<str:chat_id>/stream", assistant.durable_resume, name="ai_durable_resume"),
+    path("ai/durable/chat/<str:chat_id>/stop", assistant.stop, name="ai_durable_stop"),
 ]
