@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -184,3 +185,34 @@ def replica(django_db_blocker) -> Iterator[tuple[Any, str, str]]:
 
     with ReplicaPair() as pair, django_db_blocker.unblock(), installed(pair, "replica") as (primary, standby):
         yield pair, primary, standby
+
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+@pytest.fixture
+def page():
+    """A page of Debian's Chromium, headless, driven by Playwright (no browser is downloaded)."""
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"Chromium is not installed at {CHROMIUM} (apt-get install -y chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+            ],
+        )
+        try:
+            page = browser.new_page(viewport={"width": 390, "height": 844})
+            page.set_default_timeout(20_000)
+            yield page
+        finally:
+            browser.close()

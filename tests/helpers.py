@@ -1,7 +1,8 @@
 """Helpers shared by the test modules (fixtures are in conftest.py): where the repository is, a
 free loopback port, the test database for other processes, a reader in a thread, chunks deleted
 as pruning would, extra database aliases, what a LISTEN connection hears, the appender held in a
-batch, the pinned Node.js packages, and a raw WebSocket client."""
+batch, the pinned Node.js packages, a database call from a thread of its own, and a raw WebSocket
+client."""
 
 from __future__ import annotations
 
@@ -45,6 +46,23 @@ def node_dir() -> Path:
     if not all((NODE / "node_modules" / package).is_dir() for package in NODE_PACKAGES):
         subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE, check=True, timeout=600)
     return NODE
+
+
+def in_thread(function, *args):
+    """Run a database call in another thread: Playwright's sync API runs an event loop in this one.
+    The thread closes its connections as it ends."""
+    done = []
+
+    def call() -> None:
+        try:
+            done.append(function(*args))
+        finally:
+            connections.close_all()
+
+    worker = threading.Thread(target=call)
+    worker.start()
+    worker.join(30)
+    return done[0] if done else None
 
 
 class Rollback(Exception):

@@ -2,13 +2,15 @@
 ended once by finish, error or stop, served from their first part; then the SDK's own chat client
 (``node/aisdk_chat.mjs``: @ai-sdk/react's ``Chat`` and ``DefaultChatTransport``) against the
 demo's endpoints under daphne: a whole answer, a reload mid-answer, two tabs, a stop then a
-reload, an answer read after it ended, and a generating process killed mid-answer; and a project
-made from the README's example alone."""
+reload, an answer read after it ended, and a generating process killed mid-answer; a project
+made from the README's example alone; and ``useChat`` itself in Chromium, on the demo's page (a
+vendored bundle, held to what its source builds)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import signal
 import subprocess
@@ -30,9 +32,9 @@ from demo_project.chat.models import Conversation
 from pgstreams import aisdk
 from pgstreams.models import Chunk, Stream
 from tests.conftest import serving
-from tests.helpers import ROOT, free_port, node_dir
+from tests.helpers import ROOT, free_port, in_thread, node_dir
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess]
 
 PROMPT = "Why does a NOTIFY per write not scale?"
 WHOLE = "".join(llm.answer(PROMPT))
@@ -346,3 +348,113 @@ def test_a_project_made_from_the_readme_alone_serves_an_answer_to_the_sdk_client
     assert sent["status"] == "ready" and roles(sent) == ["user", "assistant"]
     assert text(sent["messages"][1]) == "You said: hello from the README "
     assert roles(resumed) == ["user", "assistant"] and text(resumed["messages"][1]) == text(sent["messages"][1])
+
+
+# -- useChat in Chromium ---------------------------------------------------------------------------
+
+OTHER = "And what does the poll cost?"
+
+
+def open_chat(page, host: str) -> str:
+    """Sign in as the demo's user and open a new AI SDK chat; returns its page's URL."""
+    page.goto(f"http://{host}/accounts/login/")
+    page.fill("#id_username", "demo")
+    page.fill("#id_password", "demo")
+    page.click("form.login button")
+    page.click("#ai-chat-link")
+    page.wait_for_selector("#ai-status[data-state=ready]")
+    return page.url
+
+
+def ask(page, prompt: str) -> None:
+    page.fill("#ai-prompt", prompt)
+    page.click("#ai-send")
+
+
+def answers(page) -> list[str]:
+    return page.eval_on_selector_all("li[data-role=assistant]", "items => items.map((item) => item.textContent)")
+
+
+def wait_for_answers(page, count: int, length: int = 0) -> None:
+    page.wait_for_function(
+        f"[...document.querySelectorAll('li[data-role=assistant]')].length === {count} && "
+        f"document.querySelectorAll('li[data-role=assistant]')[{count - 1}].textContent.length > {length}"
+    )
+
+
+def test_use_chat_in_chromium_answers_several_prompts_resumes_a_reload_and_shows_each_answer_once(
+    demo_server, page
+) -> None:
+    open_chat(page, demo_server)
+    ask(page, PROMPT)
+    wait_for_answers(page, 1, 20)
+    page.reload()  # mid-answer: useChat resumes it from Postgres
+    page.wait_for_selector("#ai-status[data-state=ready]")
+    wait_for_answers(page, 1, len(WHOLE) - 1)
+    assert answers(page) == [WHOLE]
+    ask(page, OTHER)
+    page.wait_for_selector("#ai-status[data-state=streaming]")
+    page.wait_for_selector("#ai-status[data-state=ready]")
+    assert answers(page) == [WHOLE, "".join(llm.answer(OTHER))]
+    page.reload()  # after the end: the first answer from its stored parts, the second replayed
+    wait_for_answers(page, 2, len("".join(llm.answer(OTHER))) - 1)
+    page.wait_for_selector("#ai-status[data-state=ready]")
+    assert answers(page) == [WHOLE, "".join(llm.answer(OTHER))]
+    assert page.eval_on_selector_all("li[data-role=user]", "items => items.map((item) => item.textContent)") == [
+        PROMPT,
+        OTHER,
+    ]
+
+
+def test_use_chat_in_a_second_tab_follows_the_same_answer(demo_server, page) -> None:
+    url = open_chat(page, demo_server)
+    ask(page, PROMPT)
+    wait_for_answers(page, 1, 20)
+    tab = page.context.browser.new_context(viewport={"width": 390, "height": 844})
+    tab.add_cookies(page.context.cookies())  # the same session
+    second = tab.new_page()
+    second.goto(url)
+    for tab in (page, second):
+        wait_for_answers(tab, 1, len(WHOLE) - 1)
+        tab.wait_for_selector("#ai-status[data-state=ready]")
+        assert answers(tab) == [WHOLE]
+
+
+def test_use_chat_stop_in_chromium_ends_the_answer_and_a_reload_shows_the_same_part(demo_server, page) -> None:
+    open_chat(page, demo_server)
+    ask(page, PROMPT)
+    wait_for_answers(page, 1, 20)
+    page.click("#ai-stop")
+    page.wait_for_selector("#ai-status[data-state=ready]")
+    partial = answers(page)
+    page.wait_for_timeout(500)  # nothing more comes: the answer was ended, not only disconnected
+    assert answers(page) == partial and 20 < len(partial[0]) < len(WHOLE)
+    page.reload()
+    wait_for_answers(page, 1, len(partial[0]) - 1)
+    page.wait_for_selector("#ai-status[data-state=ready]")
+    assert answers(page) == partial
+
+
+def test_use_chat_in_chromium_shows_the_error_of_an_answer_whose_writer_was_killed(demo_server, page, spawn) -> None:
+    user = in_thread(lambda: get_user_model().objects.get(username="demo"))
+    answer = in_thread(lambda: aisdk.create_answer(owner=user))
+    in_thread(lambda: Conversation.objects.create(user=user, prompt=PROMPT, stream=answer, chat_id="killed-tab"))
+    writer = spawn("answer", "--stream", str(answer.id), "--count", "1000", "--pause", "0.05")
+    assert writer.stdout.readline().strip() == "writing"
+    open_chat(page, demo_server)
+    page.goto(f"http://{demo_server}/ai/c/killed-tab/")
+    wait_for_answers(page, 1, 10)
+    writer.send_signal(signal.SIGKILL)
+    page.wait_for_selector("#ai-status[data-state=error]", timeout=(aisdk.LEASE + aisdk.HEARTBEAT + 10) * 1000)
+    assert aisdk.ABANDONED_TEXT in page.inner_text("#ai-status")
+    assert answers(page)[0].startswith("word0 word1 ")
+
+
+def test_the_vendored_page_is_what_its_source_and_the_pinned_packages_build(tmp_path) -> None:
+    node = node_dir()
+    env = {**os.environ, "AISDK_VENDOR_DIR": str(tmp_path)}
+    subprocess.run(["node", "vendor_aisdk.mjs"], cwd=node, env=env, check=True, capture_output=True, timeout=120)
+    vendored = ROOT / "demo_project" / "chat" / "static" / "chat" / "vendor"
+    for name in ("aisdk-chat.js", "aisdk-chat.LICENSES.txt"):
+        fresh, kept = (tmp_path / name).read_bytes(), (vendored / name).read_bytes()
+        assert fresh == kept, f"{name} is not what node/aisdk_page.jsx builds: cd node && npm run vendor-aisdk"

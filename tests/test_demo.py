@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import threading
 from pathlib import Path
 
@@ -17,11 +16,9 @@ import websockets
 
 import pgstreams
 from demo_project.chat import llm
-from tests.helpers import ROOT
+from tests.helpers import ROOT, in_thread
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess]
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
 async def follow(host: str, stream_id, from_offset: int = 0) -> tuple[list[tuple[int, str]], int]:
@@ -61,43 +58,6 @@ async def test_websocket_clients_of_a_daphne_process_get_every_chunk(demo_server
     # A late client resumes from the middle.
     got, _ = await asyncio.wait_for(follow(demo_server, s.id, from_offset=390), 20)
     assert got == expected[390:]
-
-
-@pytest.fixture
-def page():
-    """A page of Debian's Chromium, headless, driven by Playwright (no browser is downloaded)."""
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"Chromium is not installed at {CHROMIUM} (apt-get install -y chromium)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM,
-            headless=True,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-first-run",
-            ],
-        )
-        try:
-            page = browser.new_page(viewport={"width": 390, "height": 844})
-            page.set_default_timeout(20_000)
-            yield page
-        finally:
-            browser.close()
-
-
-def in_thread(function, *args):
-    """Run a database call in another thread: Playwright's sync API runs an event loop in this one."""
-    done = []
-    worker = threading.Thread(target=lambda: done.append(function(*args)))
-    worker.start()
-    worker.join(30)
-    return done[0] if done else None
 
 
 def sign_in_and_ask(page, host: str, prompt: str) -> None:
@@ -295,7 +255,8 @@ def test_the_vendored_client_is_the_pinned_package() -> None:
 
 
 def test_screenshots_of_the_demo(demo_server: str, page, tmp_path) -> None:
-    """The README's pictures: the chat mid-answer, a stopped answer, the admin's live tail.
+    """The README's pictures: the chat mid-answer, a stopped answer, the admin's live tail, the
+    AI SDK chat mid-way through its second answer.
     ``PGSTREAMS_SCREENSHOTS=docs/screenshots python -m pytest tests/test_demo.py -k screenshots``
     writes them there; otherwise they go to a temporary directory (and the test still checks
     that each is taken)."""
@@ -317,5 +278,15 @@ def test_screenshots_of_the_demo(demo_server: str, page, tmp_path) -> None:
     page.wait_for_function("document.getElementById('pgstreams-tail').textContent.length > 80")
     page.locator("#pgstreams-tail").scroll_into_view_if_needed()
     page.screenshot(path=folder / "admin-live-tail.png")
-    for name in ("chat-mid-answer.png", "chat-stopped.png", "admin-live-tail.png"):
+    page.goto(f"http://{demo_server}/ai/")
+    for prompt, shown in (("Why does a NOTIFY per write not scale?", 10_000), ("And what does the poll cost?", 150)):
+        page.fill("#ai-prompt", prompt)
+        page.click("#ai-send")
+        page.wait_for_function(
+            "[...document.querySelectorAll('li[data-role=assistant]')].at(-1)?.textContent.length > "
+            f"{min(shown, 150)} && document.getElementById('ai-status').dataset.state "
+            f"=== '{'ready' if shown > 150 else 'streaming'}'"
+        )
+    page.screenshot(path=folder / "ai-chat.png", full_page=True)
+    for name in ("chat-mid-answer.png", "chat-stopped.png", "admin-live-tail.png", "ai-chat.png"):
         assert (folder / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

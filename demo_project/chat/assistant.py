@@ -1,6 +1,7 @@
-"""The chat as the AI SDK's ``useChat`` talks to it (``DefaultChatTransport`` with ``api`` set to
-``ai/chat``): a POST of the chat's messages starts an answer and streams it, the GET of
-``ai/chat/<id>/stream`` resumes the chat's latest answer (204 if it has none), and a POST to
+"""The chat through the AI SDK's ``useChat``: its page (``ai/`` makes a new chat, ``ai/c/<id>/``
+shows one, several prompts and answers), and the endpoints ``DefaultChatTransport`` talks to with
+``api`` set to ``ai/chat``: a POST of the chat's messages starts an answer and streams it, the GET
+of ``ai/chat/<id>/stream`` resumes the chat's latest answer (204 if it has none), and a POST to
 ``ai/chat/<id>/stop`` ends the answer being written. ``ai/durable/chat`` is the same for
 ``@durable-streams/aisdk-transport``: its POST and GET answer where the Durable Streams endpoint
 serves the answer. Each prompt is a ``Conversation`` of the chat, its answer a stream written by
@@ -16,17 +17,46 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.contrib.auth.decorators import login_required
 from django.db import transaction
-from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
+from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from pgstreams import aisdk
+from pgstreams.models import Chunk
 
 from . import llm
 from .models import Conversation
 from .views import MAX_PROMPT
 
 CHAT_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+@login_required
+def new_page(request: HttpRequest) -> HttpResponse:
+    """A new chat: its id made here, as ``useChat`` would make one."""
+    return redirect("chat:ai_page", chat_id=uuid.uuid4().hex[:16])
+
+
+@login_required
+def page(request: HttpRequest, chat_id: str) -> HttpResponse:
+    """The chat's page (``node/aisdk_page.jsx``, bundled): its earlier turns, each prompt and
+    each answer's stored parts; the latest answer's parts are left to ``useChat``, which resumes
+    it."""
+    if not CHAT_ID.fullmatch(chat_id):
+        raise Http404("no such chat")
+    turns = list(Conversation.objects.filter(user=request.user, chat_id=chat_id).order_by("created_at"))
+    stored: dict[uuid.UUID, list[Any]] = {turn.stream_id: [] for turn in turns[:-1]}
+    for stream_id, data in (
+        Chunk.objects.filter(stream_id__in=stored).order_by("stream_id", "offset").values_list("stream_id", "data")
+    ):
+        stored[stream_id].append(json.loads(data))
+    history: list[dict[str, Any]] = []
+    for turn in turns:
+        history.append({"id": f"prompt-{turn.pk}", "role": "user", "parts": [{"type": "text", "text": turn.prompt}]})
+        if turn.stream_id in stored:
+            history.append({"role": "assistant", "parts": stored[turn.stream_id]})
+    return render(request, "chat/ai.html", {"chat_id": chat_id, "history": history})
 
 
 @login_required
