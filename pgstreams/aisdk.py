@@ -31,7 +31,7 @@ import json
 import logging
 import re
 import uuid
-from collections.abc import AsyncIterable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from typing import Any, Final, Literal
 
 from django.db import connections
@@ -41,6 +41,7 @@ from . import appender, conf, delivery, protocol, threads
 from .exceptions import ChunksPruned, StreamClosed, StreamNotFound
 from .models import Stream
 from .types import StreamChunk, stream_uuid
+from .writer import create_stream
 
 logger = logging.getLogger("pgstreams.aisdk")
 
@@ -82,8 +83,6 @@ def create_answer(*, using: str | None = None, **fields: Any) -> Stream:
     chunk, so that the Durable Streams endpoint serves it, with a ``path``, to
     ``@durable-streams/aisdk-transport`` as it is), leased from now: if nothing writes it within
     LEASE (the process that was to generate it died first), its readers end it."""
-    from .writer import create_stream
-
     stream = create_stream(using=using, **{"content_type": "application/json", **fields})
     _renew(stream.id, using or conf.database())
     return stream
@@ -168,7 +167,8 @@ async def write_answer(
 
 def stop(stream_id: Any, *, reason: str | None = None, using: str | None = None) -> bool:
     """End an answer with an ``abort`` part, from any process: True if this stopped it, False
-    if it had ended already (by ``finish``, ``error`` or another stop; nothing is written)."""
+    if it had ended already (by ``finish``, ``error`` or another stop; nothing is written).
+    Raises StreamNotFound for a stream that does not exist."""
     try:
         appender.append(stream_id, _abort(reason), close=True, using=using)
     except StreamClosed:
@@ -211,7 +211,7 @@ def response(stream_id: Any, *, using: str | None = None) -> StreamingHttpRespon
     return reply
 
 
-async def _events(sid: uuid.UUID, alias: str) -> Any:
+async def _events(sid: uuid.UUID, alias: str) -> AsyncIterator[bytes]:
     try:
         async with contextlib.aclosing(delivery.afollow(sid, from_offset=0, idle=HEARTBEAT)) as batches:
             async for progress in batches:

@@ -58,9 +58,10 @@ async def served(stream_id: Any) -> list[str]:
 
 
 async def words(*items: str | dict, fail: bool = False, pause: float = 0.0):
-    for item in items:
+    for i, item in enumerate(items):
+        if i:
+            await asyncio.sleep(pause)  # a model thinking between two deltas
         yield item
-        await asyncio.sleep(pause)
     if fail:
         raise RuntimeError("the model's connection broke")
 
@@ -135,10 +136,10 @@ async def test_an_answer_nobody_writes_past_its_lease_is_ended_by_its_reader(mon
 
 
 async def test_a_writer_that_lives_keeps_its_lease_while_its_model_is_silent(monkeypatch) -> None:
-    monkeypatch.setattr(aisdk, "LEASE", 0.6)
+    monkeypatch.setattr(aisdk, "LEASE", 2.0)  # renewed every 0.67 s
     monkeypatch.setattr(aisdk, "HEARTBEAT", 0.2)
     stream = await sync_to_async(aisdk.create_answer)()
-    writing = asyncio.ensure_future(aisdk.write_answer(stream.id, words("thinking", "...done", pause=2.0)))
+    writing = asyncio.ensure_future(aisdk.write_answer(stream.id, words("thinking", "...done", pause=3.0)))
     events = await asyncio.wait_for(served(stream.id), 20)
     assert await writing == "finish"
     assert json.loads(events[-2])["type"] == "finish" and "error" not in "".join(events)
