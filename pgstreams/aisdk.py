@@ -13,10 +13,12 @@ an answer as the SDK's client reads it: every part from the first (the client tr
 answer as a replay from its ``start``, and replaces the message with that id, so nothing is
 shown twice), the live ones as they commit, then ``[DONE]`` at the close.
 
-A writer keeps a lease on its answer (``LEASE`` seconds, renewed a third of it apart, in the
-stream's metadata, by the database's clock); a response that finds the answer it follows open,
-silent and past its lease ends it with an ``error`` part. So a generation whose process died
-leaves no client waiting more than ``LEASE`` + ``HEARTBEAT`` seconds after its last renewal.
+A writer keeps a lease on its answer (``leases``: ``LEASE`` seconds, renewed a third of it
+apart); a response that finds the answer it follows silent and past its lease ends it with an
+``error`` part, as the Durable Streams endpoint's live reads do. A response at its answer's tail
+counts silence in whole intervals (``delivery``), so a generation whose process died leaves no
+client of ``response`` waiting more than ``LEASE`` + 2 x ``HEARTBEAT`` seconds after its last
+renewal (one of the Durable Streams endpoint, ``LEASE`` + twice its keep-alive interval).
 
 Not here: conversations and which answer is a chat's latest (the project's models, as in the
 SDK's own examples), calling models, and who may read an answer (the project's view decides
@@ -34,10 +36,9 @@ import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from typing import Any, Final, Literal
 
-from django.db import connections
 from django.http import StreamingHttpResponse
 
-from . import appender, conf, delivery, protocol, threads
+from . import appender, conf, delivery, leases, protocol, threads
 from .exceptions import ChunksPruned, StreamClosed, StreamNotFound
 from .models import Stream
 from .types import StreamChunk, stream_uuid
@@ -58,14 +59,6 @@ Ending = Literal["finish", "error", "stopped"]
 _DONE: Final = b"data: [DONE]\n\n"
 _answering: set[asyncio.Task[Ending]] = set()  # start_answer's tasks, which the loop holds only weakly
 _LINE_END: Final = re.compile(r"\r\n|\r|\n")
-_RENEW_SQL: Final = (
-    "UPDATE pgstreams_stream SET metadata = jsonb_set(metadata, '{aisdk_lease}', "
-    "to_jsonb(extract(epoch FROM now()) + %s)) WHERE id = %s AND closed_at IS NULL"
-)
-_ABANDONED_SQL: Final = (
-    "SELECT 1 FROM pgstreams_stream WHERE id = %s AND closed_at IS NULL "
-    "AND (metadata->>'aisdk_lease')::float8 < extract(epoch FROM now())"
-)
 
 
 def part(kind: str, **fields: Any) -> str:
@@ -78,13 +71,17 @@ def message_id(stream_id: Any) -> str:
     return f"msg-{stream_uuid(stream_id).hex}"
 
 
+def _abandoned() -> str:
+    return part("error", errorText=ABANDONED_TEXT)
+
+
 def create_answer(*, using: str | None = None, **fields: Any) -> Stream:
     """``create_stream(**fields)`` for an answer: an ``application/json`` stream (a part per
     chunk, so that the Durable Streams endpoint serves it, with a ``path``, to
     ``@durable-streams/aisdk-transport`` as it is), leased from now: if nothing writes it within
     LEASE (the process that was to generate it died first), its readers end it."""
     stream = create_stream(using=using, **{"content_type": "application/json", **fields})
-    _renew(stream.id, using or conf.database())
+    leases.renew(stream.id, LEASE, _abandoned(), using=using)
     return stream
 
 
@@ -185,21 +182,6 @@ async def astop(stream_id: Any, *, reason: str | None = None, using: str | None 
     return True
 
 
-async def aend_if_abandoned(stream_id: Any, *, using: str | None = None) -> bool:
-    """End an open answer whose lease has run out (its writer died, or never started) with an
-    ``error`` part; True if this ended it. ``response()`` asks this after each HEARTBEAT of
-    silence; a view that hands an answer to another reader (the Durable Streams endpoint, for
-    ``@durable-streams/aisdk-transport``) asks it first."""
-    sid, alias = stream_uuid(stream_id), using or conf.database()
-    if not await _abandoned_async(sid, alias):
-        return False
-    try:
-        await appender.aappend(sid, part("error", errorText=ABANDONED_TEXT), close=True, using=alias)
-    except StreamClosed:  # ended meanwhile, by its writer or another reader
-        return False
-    return True
-
-
 def response(stream_id: Any, *, using: str | None = None) -> StreamingHttpResponse:
     """The answer in a stream as the SDK's UI message stream over SSE: every part from the first,
     then each as it commits, then ``[DONE]`` at the stream's close. The caller has checked that
@@ -219,7 +201,7 @@ async def _events(sid: uuid.UUID, alias: str) -> AsyncIterator[bytes]:
                     yield delivery.shared("aisdk", progress.chunks, _sse_data)
                     continue
                 yield protocol.SSE_KEEPALIVE
-                await aend_if_abandoned(sid, using=alias)
+                await leases.aend_if_expired(sid, using=alias)
     except StreamNotFound:
         yield _sse_part(part("error", errorText="The answer was deleted."))
     except ChunksPruned:
@@ -252,27 +234,14 @@ def _abort(reason: str | None) -> str:
     return part("abort", reason=reason) if reason is not None else part("abort")
 
 
-def _renew(sid: uuid.UUID, alias: str) -> None:
-    with connections[alias].cursor() as cursor:
-        cursor.execute(_RENEW_SQL, [LEASE, sid])
-
-
-def _abandoned(sid: uuid.UUID, alias: str) -> bool:
-    with connections[alias].cursor() as cursor:
-        cursor.execute(_ABANDONED_SQL, [sid])
-        return cursor.fetchone() is not None
-
-
 _create_answer_async = threads.writes.wrap(create_answer)
-_renew_async = threads.writes.wrap(_renew)
-_abandoned_async = threads.lookups.wrap(_abandoned)
 
 
 async def _keep_lease(sid: uuid.UUID, alias: str) -> None:
     """Renew the answer's lease until cancelled; a renewal that fails is logged and tried again."""
     while True:
         try:
-            await _renew_async(sid, alias)
+            await leases.arenew(sid, LEASE, _abandoned(), using=alias)
         except Exception:
             logger.exception("pgstreams: could not renew the lease of the answer in stream %s", sid)
         await asyncio.sleep(LEASE / 3)

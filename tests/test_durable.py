@@ -349,6 +349,18 @@ async def test_a_refused_request_learns_nothing_of_the_path_and_forks_need_leave
     assert not await Stream.objects.filter(path="copy").aexists()
 
 
+def reads_what_its_metadata_makes_public(request, action: str, path: str, stream) -> bool:
+    return action == "read" and stream is not None and stream.metadata.get("public") is True
+
+
+async def test_the_rule_is_shown_the_streams_metadata_as_its_value() -> None:
+    await pgstreams.acreate_stream(path="public", metadata={"public": True})
+    await pgstreams.acreate_stream(path="unlisted", metadata={"public": False})
+    with override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": "tests.test_durable.reads_what_its_metadata_makes_public"}):
+        statuses = [(await AsyncClient().get(url(path))).status_code for path in ("public", "unlisted")]
+    assert statuses == [200, 403]  # the rule raised on a JSON string (403 both) before
+
+
 async def test_writes_from_python_count_as_use_of_a_stream_with_a_ttl() -> None:
     with OPEN:
         await AsyncClient().put(url("kept-alive"), "a", content_type="text/plain", headers={"Stream-TTL": "60"})

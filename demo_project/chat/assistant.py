@@ -22,7 +22,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from pgstreams import aisdk
+from pgstreams import aisdk, leases
 from pgstreams.models import Chunk
 
 from . import llm
@@ -88,11 +88,11 @@ async def durable_chat(request: HttpRequest) -> HttpResponseBase:
 @require_GET
 async def durable_resume(request: HttpRequest, chat_id: str) -> HttpResponse:
     """Its ``reconnectToStream``: where the chat's latest answer can be read (ended first if its
-    writer died: the Durable Streams endpoint knows nothing of leases)."""
+    writer's lease ran out, rather than after the endpoint's first silence)."""
     turn = await _latest(request, chat_id)
     if turn is None:
         return HttpResponse(status=204)
-    await aisdk.aend_if_abandoned(turn.stream_id)
+    await leases.aend_if_expired(turn.stream_id)
     return _pointer(turn, 200)
 
 

@@ -27,7 +27,7 @@ from typing import Any, Literal
 from django.db import IntegrityError, OperationalError, connections, transaction
 from django.db.models.functions import Now
 
-from .. import conf, notify
+from .. import conf, leases, notify
 from ..batch import EXPIRY_PASSED
 from ..models import Stream, is_text, media_type
 from ..types import Mark
@@ -71,10 +71,19 @@ class State:
     closed: bool
     ttl: int | None
     expires_at: datetime.datetime | None
+    leased: bool = False  # its writer holds a lease on it (``leases``)
 
     @classmethod
     def of(cls, stream: Stream) -> State:
-        return cls(stream.id, stream.content_type, stream.next_offset, stream.is_closed, stream.ttl, stream.expires_at)
+        return cls(
+            stream.id,
+            stream.content_type,
+            stream.next_offset,
+            stream.is_closed,
+            stream.ttl,
+            stream.expires_at,
+            isinstance(stream.metadata, dict) and leases.KEY in stream.metadata,  # a dict, unless an admin made it else
+        )
 
     @property
     def json_mode(self) -> bool:
@@ -144,6 +153,7 @@ def authorize(request: Any, action: Action, path: str, stream: Stream | None) ->
 # one prepared statement: every request starts with it, and building it through the ORM cost
 # more than the rest of an append.
 _COLUMNS = [field.attname for field in Stream._meta.concrete_fields]
+_METADATA = Stream._meta.get_field("metadata")
 _EXPIRED = f"(deleted_at IS NULL AND {EXPIRY_PASSED})"
 _LOOKUP_SQL = f"SELECT {', '.join(_COLUMNS)}, coalesce({_EXPIRED}, false) FROM pgstreams_stream WHERE path = %s"
 
@@ -183,7 +193,11 @@ def _select(alias: str, path: str, *, lock: bool) -> tuple[Stream | None, bool]:
         row = cursor.fetchone()
     if row is None:
         return None, False
-    return Stream.from_db(alias, _COLUMNS, row[:-1]), row[-1]
+    stream = Stream.from_db(alias, _COLUMNS, row[:-1])
+    # The row comes as the database sent it: Django's cursor leaves jsonb as its text, which
+    # only the ORM's queries turn into the field's value.
+    stream.metadata = _METADATA.from_db_value(stream.metadata, None, connections[alias])
+    return stream, row[-1]
 
 
 def _bound_lock_waits(cursor: Any) -> None:

@@ -4,7 +4,8 @@ PUT (create, fork), POST (append, close), DELETE, HEAD and GET (catch-up, long-p
 Headers are checked here (``wire``); the database work runs on pgstreams' threads (``store``),
 but for appends, which are committed in batches by the process's appender (``appends``).
 Long-poll and SSE wait on the process's listener, as ``aread()`` does: a waiting request holds no
-database connection. No subscription APIs (``__ds/...``), and no CORS origin policy of its own:
+database connection; one that waits in silence on a leased stream ends it if its writer's lease
+has run out (``leases``). No subscription APIs (``__ds/...``), and no CORS origin policy of its own:
 a project that serves other origins adds one (django-cors-headers), as for any other view.
 """
 
@@ -26,7 +27,7 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 
-from .. import conf, db, delivery, metrics, threads
+from .. import conf, db, delivery, leases, metrics, threads
 from ..exceptions import ChunksPruned, ReadTimeout, StreamNotFound
 from ..reader import afollow
 from ..types import StreamChunk
@@ -352,6 +353,8 @@ async def _long_poll(read: store.Read, cursor_given: str | None) -> HttpResponse
         ) as batches:
             progress = await anext(batches, None)
     except ReadTimeout:
+        if state.leased:  # its next poll sees the end, if this ended it
+            await leases.aend_if_expired(state.id)
         return _tail_response(state, read.start, cursor_given)
     except StreamNotFound:
         raise Refused(404, "the stream was deleted") from None
@@ -407,6 +410,8 @@ async def _events(read: store.Read, cursor: str) -> AsyncIterator[bytes]:
             async for progress in batches:
                 if not progress.chunks:
                     yield wire.SSE_KEEPALIVE
+                    if state.leased:  # the end, if this ended it, comes as the stream's next chunk
+                        await leases.aend_if_expired(state.id)
                 else:
                     data = delivery.shared(
                         f"ds-sse/{json_mode}/{binary}", progress.chunks, partial(_sse_data, json_mode, binary)
