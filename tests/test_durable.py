@@ -34,7 +34,6 @@ from tests.helpers import ROOT, free_port, node_dir
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-NODE = ROOT / "node"
 OPEN = override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": "demo_project.chat.durable.allow_everything"})
 # How many non-skipped tests version 0.3.6 of the suite has.
 SUITE_TESTS = 332
