@@ -299,9 +299,11 @@ def writing(chat: str, spawn) -> tuple[Stream, subprocess.Popen[str]]:
     return answer, writer
 
 
-def test_an_answer_whose_generating_process_was_killed_ends_with_an_error_part(demo_server, session, spawn) -> None:
-    answer, writer = writing("killed", spawn)
-    reader = start(demo_server, session, "killed", "resume", messages=[])
+def killed_mid_answer(server: str, options: dict[str, str], chat: str, spawn) -> float:
+    """Kill an answer's writing process while the SDK's client reads it; check that the client
+    ends with the answer so far and the lease's error part, and return how long after the kill."""
+    answer, writer = writing(chat, spawn)
+    reader = start(server, options, chat, "resume", messages=[])
     time.sleep(1.0)
     writer.send_signal(signal.SIGKILL)
     killed = time.monotonic()
@@ -310,24 +312,19 @@ def test_an_answer_whose_generating_process_was_killed_ends_with_an_error_part(d
     assert result["status"] == "error" and result["error"] == aisdk.ABANDONED_TEXT
     assert roles(result) == ["assistant"] and text(result["messages"][0]).startswith("word0 word1 ")
     assert kinds(answer)[-1] == "error"
-    said = len(text(result["messages"][0]))
-    print(f"the writer killed after {said} characters; its reader's answer ended {ended:.1f} s later")
+    return ended
+
+
+def test_an_answer_whose_generating_process_was_killed_ends_with_an_error_part(demo_server, session, spawn) -> None:
+    ended = killed_mid_answer(demo_server, session, "killed", spawn)
+    print(f"read through pgstreams.aisdk.response, the dead writer's answer ended {ended:.1f} s later")
     assert ended < aisdk.LEASE + 2 * aisdk.HEARTBEAT + 5  # the README's bound, and a margin
 
 
 def test_through_the_durable_streams_transport_a_dead_writers_answer_ends_with_an_error_part(
     demo_server, session, spawn
 ) -> None:
-    answer, writer = writing("killed-durable", spawn)
-    reader = start(demo_server, {**session, **ROUTES["durable-streams"]}, "killed-durable", "resume", messages=[])
-    time.sleep(1.0)
-    writer.send_signal(signal.SIGKILL)
-    killed = time.monotonic()
-    result = json.loads(reader.communicate(timeout=90)[0].splitlines()[-1])
-    ended = time.monotonic() - killed
-    assert result["status"] == "error" and result["error"] == aisdk.ABANDONED_TEXT
-    assert roles(result) == ["assistant"] and text(result["messages"][0]).startswith("word0 word1 ")
-    assert kinds(answer)[-1] == "error"
+    ended = killed_mid_answer(demo_server, {**session, **ROUTES["durable-streams"]}, "killed-durable", spawn)
     print(f"read through the Durable Streams endpoint, the dead writer's answer ended {ended:.1f} s later")
     assert ended < aisdk.LEASE + 2 * durable_views.KEEPALIVE + 5
 
