@@ -26,7 +26,7 @@ from django.db import connections
 from pgstreams import conf
 
 from . import llm_procs, procs
-from .llm_procs import APPEND_METHODS, METHODS
+from .llm_procs import APPEND_METHODS, METHODS, PACE
 from .run import CDF_KEYS, LATENCY_KEYS, boot, cleanup, create_streams, machine, percentiles
 
 FIND_MAX_STEPS = 8  # runs at most per method
@@ -114,7 +114,10 @@ def holds(row: dict[str, Any]) -> bool:
 
 
 def run_method(config: LlmConfig, method: str, say: Say = print) -> dict[str, Any]:
-    """One run of the shape with ``method``: fresh streams, fresh processes; its row."""
+    """One run of the shape with ``method``: fresh streams, fresh processes; its row (``pace``
+    writes nothing, so it runs without readers)."""
+    if method == PACE:
+        config = replace(config, readers=0)
     ctx = multiprocessing.get_context("spawn")
     children_boot = boot("buffered")
     n_writers = min(config.streams, config.writer_processes or os.cpu_count() or 1)

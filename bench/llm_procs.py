@@ -3,7 +3,9 @@
 A token writer runs one asyncio task per stream of its share, each writing LLM-like tokens at a
 fixed rate with one write method (``aappend``, ``stream_writer`` or ``awrite``), paced on
 absolute deadlines so that a slow call does not lower the offered rate; it records each token's
-write-call start, indexed by offset, and closes its streams when the writing window ends. A
+write-call start, indexed by offset, and closes its streams when the writing window ends. With
+``pace`` it keeps the same schedule and writes nothing: what the pacing alone costs, which every
+method's CPU per token includes. A
 token reader follows every stream with one ``aread`` task each until every stream is closed and
 drained, or until the coordinator says the drain is over. Like ``procs.py``, each runs in a
 spawned process set up by ``procs.setup``, reports raw timings and counts through a queue and
@@ -29,6 +31,7 @@ from typing import Any
 from .procs import Arrivals, Boot, follow, setup
 
 METHODS = ("aappend", "stream_writer", "awrite")
+PACE = "pace"  # the schedule alone, nothing written (not a default method)
 APPEND_METHODS = ("aappend", "stream_writer")  # the methods that go through the appender
 PROGRESS_EVERY = 0.5  # seconds between two updates of a process's progress counter
 
@@ -101,7 +104,11 @@ class _Writing:
     async def stream(self, sid: str, phase: float) -> None:
         times = self.result.starts[sid] = array("d")
         try:
-            if self.method == "stream_writer":
+            if self.method == PACE:
+                async for t0 in self.ticks(phase):
+                    times.append(t0)
+                    self.committed += 1
+            elif self.method == "stream_writer":
                 await self._send_all(sid, phase, times)
             else:
                 await self._call_each(sid, phase, times)

@@ -86,7 +86,8 @@ LLM_NOTE = (
     "process's peak (the daphne server's with --ws); us/entry = the listener's CPU per notification entry of a "
     "followed stream, unfollowed = of a stream nobody in the process follows; "
     "batches and batch = the appender's commits and their mean size; lag = writer calls' start after their deadline; "
-    "cpu/tok = the writer processes' CPU per token in us, pacing included; appender = its appender thread's share)"
+    "cpu/tok = the writer processes' CPU per token in us, pacing included; appender = its appender thread's share; "
+    "pace = the same schedule, nothing written)"
 )
 
 
@@ -130,10 +131,22 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _less_pacing(rows: list[dict[str, Any]]) -> list[str]:
+    """Each method's CPU per token less the pacing's, when the run measured ``pace`` too."""
+    paced = [r["writer_cpu_us_per_token"] for r in rows if r["method"] == "pace"]
+    if not paced or paced[0] is None:
+        return []
+    return [
+        f"{r['method']}: {r['writer_cpu_us_per_token'] - paced[0]:.1f} us of CPU per token less the pacing's"
+        for r in rows
+        if r["method"] != "pace" and r["writer_cpu_us_per_token"] is not None
+    ]
+
+
 def llm_table(report: dict[str, Any]) -> str:
     """One line per method (or, for --find-max, per step), then the rate that held."""
     if not report.get("find_max"):
-        return "\n".join(_grid(LLM_COLUMNS, report["llm"]) + [LLM_NOTE])
+        return "\n".join(_grid(LLM_COLUMNS, report["llm"]) + [LLM_NOTE] + _less_pacing(report["llm"]))
     lines = _grid(LLM_COLUMNS, [step for sweep in report["find_max"] for step in sweep["steps"]]) + [LLM_NOTE]
     for sweep in report["find_max"]:
         held = sweep["held_tokens_per_stream_s"]

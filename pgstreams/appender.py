@@ -179,8 +179,7 @@ class Appender:
                 self._commit(batch[half:], deferred)
                 return
         self._crowded = bool(self._queue)  # before its callers know, and append again
-        settled = [(item, r) for item, r in zip(batch, outcome.results, strict=True) if r is not DEFERRED]
-        _settle([item for item, _ in settled], [r for _, r in settled])
+        _settle(batch, outcome.results)
         deferred += outcome.deferred
         if not outcome.marks:
             return
@@ -317,25 +316,35 @@ def _refused(exc: psycopg.Error, conn: psycopg.Connection[Any] | None) -> bool:
 
 
 def _settle(batch: Sequence[Item], results: Sequence[Result]) -> None:
-    """Hand each caller its result: thread futures at once, each event loop's in one callback."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Any, Result]]] = {}
+    """Hand each caller its result (none to those DEFERRED): thread futures at once, each event
+    loop's futures and stream writers' counts in one callback."""
+    by_loop: dict[asyncio.AbstractEventLoop, tuple[list[tuple[Any, Result]], dict[Chain, int]]] = {}
     for item, result in zip(batch, results, strict=True):
-        if isinstance(result, BaseException) and item.chain is not None and item.chain.failure is None:
-            item.chain.failure = result
+        if result is DEFERRED:
+            continue
+        chain = item.chain
+        if chain is not None and chain.failure is None and isinstance(result, BaseException):
+            chain.failure = result
         if item.loop is None:
             _set(item.future, result)
-        else:
-            by_loop.setdefault(item.loop, []).append((item.future, result))
-    for loop, pairs in by_loop.items():
+            continue
+        pairs, chains = by_loop.get(item.loop) or by_loop.setdefault(item.loop, ([], {}))
+        if item.future is not None:
+            pairs.append((item.future, result))
+        elif chain is not None:
+            chains[chain] = chains.get(chain, 0) + 1
+    for loop, (pairs, chains) in by_loop.items():
         try:
-            loop.call_soon_threadsafe(_set_all, pairs)
+            loop.call_soon_threadsafe(_set_all, pairs, chains)
         except RuntimeError:  # the loop was closed: nobody waits there any more
             pass
 
 
-def _set_all(pairs: list[tuple[Any, Result]]) -> None:
+def _set_all(pairs: list[tuple[Any, Result]], chains: dict[Chain, int]) -> None:
     for future, result in pairs:
         _set(future, result)
+    for chain, count in chains.items():
+        chain.settled(count)
 
 
 def _set(future: Any, result: Result) -> None:
@@ -410,6 +419,32 @@ async def aappend(
     return await target.asubmit(Append(sid, loop.create_future(), loop, producer=checked, data=data, closing=close))
 
 
+class _Sent(Chain):
+    """A stream writer's chunks in flight, counted on its event loop as their results come."""
+
+    __slots__ = ("done", "_waiters")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.done = 0  # chunks with their results
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+
+    def settled(self, count: int) -> None:
+        self.done += count
+        if self._waiters:
+            for until, waiter in self._waiters:
+                if self.done >= until and not waiter.done():
+                    waiter.set_result(None)
+            self._waiters = [(until, waiter) for until, waiter in self._waiters if not waiter.done()]
+
+    async def wait(self, done: int) -> None:
+        """Until ``done`` chunks have their results."""
+        if self.done < done:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append((done, waiter))
+            await waiter
+
+
 class StreamWriter:
     """Appends to one stream without waiting for each commit: ``send()`` queues a chunk and
     returns, ``flush()`` waits for everything sent and raises the first error. Chunks commit in
@@ -419,43 +454,30 @@ class StreamWriter:
         self.stream_id = stream_uuid(stream_id)
         self._close = close
         self._alias = using or conf.database()
-        self._pending: collections.deque[asyncio.Future[int]] = collections.deque()
-        self._error: BaseException | None = None
-        self._chain = Chain()
+        self._chain = _Sent()
         self.sent = 0
 
     async def send(self, data: str) -> None:
         """Queue ``data``; return at once, unless WRITER_IN_FLIGHT chunks wait for their commit
         (then wait for the oldest). Raises the first error of an earlier chunk, if one is known,
         so a loop stops writing to a stream that was closed under it."""
-        self._collect()
-        if self._error is not None:
-            raise self._error
+        chain = self._chain
+        if chain.failure is not None:
+            raise chain.failure
         writer.check_chunk(data, conf.max_chunk_bytes())
-        if len(self._pending) >= WRITER_IN_FLIGHT:
-            await asyncio.wait([self._pending[0]])
-            self._collect()
-            if self._error is not None:
-                raise self._error
+        if self.sent - chain.done >= WRITER_IN_FLIGHT:
+            await chain.wait(self.sent - WRITER_IN_FLIGHT + 1)
+            if chain.failure is not None:
+                raise chain.failure
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[int] = loop.create_future()
-        appender(self._alias).submit(Append(self.stream_id, future, loop, self._chain, data=data))
-        self._pending.append(future)
+        appender(self._alias).submit(Append(self.stream_id, None, loop, chain, data=data))
         self.sent += 1
 
     async def flush(self) -> None:
         """Wait until everything sent is committed; raise the first error if any chunk failed."""
-        if self._pending:
-            await asyncio.wait(list(self._pending))
-        self._collect()
-        if self._error is not None:
-            raise self._error
-
-    def _collect(self) -> None:
-        while self._pending and self._pending[0].done():
-            failure = self._pending.popleft().exception()
-            if failure is not None and self._error is None:
-                self._error = failure
+        await self._chain.wait(self.sent)
+        if self._chain.failure is not None:
+            raise self._chain.failure
 
     async def __aenter__(self) -> StreamWriter:
         return self
@@ -470,7 +492,7 @@ class StreamWriter:
                 try:
                     await writer.aclose(self.stream_id, using=self._alias)
                 except StreamClosed:
-                    if exc is None and self._error is None:
+                    if exc is None and self._chain.failure is None:
                         raise
 
 

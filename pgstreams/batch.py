@@ -121,21 +121,27 @@ class NotJudged(Exception):
 
 class Chain:
     """The items of one stream writer: once one of them fails, the later ones fail with it
-    instead of committing after it (a stream with a hole in the middle would look whole)."""
+    instead of committing after it (a stream with a hole in the middle would look whole). Its
+    items have no futures: the appender tells the chain, on its writer's event loop, how many
+    more of them have their results (``settled``)."""
 
     __slots__ = ("failure",)
 
     def __init__(self) -> None:
-        self.failure: BaseException | None = None
+        self.failure: BaseException | None = None  # the first, set by the appender's thread
+
+    def settled(self, count: int) -> None:
+        """``count`` more of its items have their results (called on the writer's event loop)."""
 
 
 @dataclass(slots=True, eq=False)
 class Item:
     """One call's append: where it goes, the future its caller waits on (in ``loop``, or None:
-    a thread's), and the stream writer's chain it belongs to, if any. Subclasses judge it."""
+    a thread's; None for an item of a stream writer's ``chain``), and the chain it belongs to,
+    if any. Subclasses judge it."""
 
     stream_id: uuid.UUID
-    future: asyncio.Future[Any] | concurrent.futures.Future[Any]
+    future: asyncio.Future[Any] | concurrent.futures.Future[Any] | None
     loop: asyncio.AbstractEventLoop | None = None
     chain: Chain | None = None
     producer: Producer | None = None
@@ -237,7 +243,7 @@ def run(
             cause = broken[chain]
             results.append(error(StreamError, f"an earlier chunk of this writer failed: {cause}", cause))
             continue
-        if sid in held:
+        if held and sid in held:  # a UUID's hash is a Python call: skip it for none held
             deferred.append(item)
             results.append(DEFERRED)
             continue

@@ -12,7 +12,7 @@ from bench.durable import table as durable_table
 from bench.fanout import TRANSPORTS, FanoutConfig, Shape, run_fanout
 from bench.fanout import table as fanout_table
 from bench.llm import LlmConfig, run_llm
-from bench.llm_procs import APPEND_METHODS, METHODS
+from bench.llm_procs import APPEND_METHODS, METHODS, PACE
 from bench.report import plot, table
 from bench.run import MODES, Config, run
 from bench.servers import SERVERS
@@ -70,7 +70,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--methods",
             default=",".join(METHODS),
-            help=f"write methods for --llm, comma-separated (default {','.join(METHODS)})",
+            help=f"write methods for --llm, comma-separated (default {','.join(METHODS)}); {PACE} keeps their "
+            "schedule and writes nothing, without readers: the pacing's own CPU, which every method's includes",
         )
         parser.add_argument(
             "--find-max",
@@ -202,8 +203,8 @@ class Command(BaseCommand):
         if o["replica"]:
             raise CommandError("--llm and --replica are two benchmarks: run them one at a time")
         methods = tuple(m.strip() for m in o["methods"].split(",") if m.strip())
-        if not methods or set(methods) - set(METHODS):
-            raise CommandError(f"--methods must be some of {', '.join(METHODS)}, separated by commas")
+        if not methods or set(methods) - {*METHODS, PACE}:
+            raise CommandError(f"--methods must be some of {', '.join(METHODS)}, {PACE}, separated by commas")
         if o["find_max"] and not set(methods) & set(APPEND_METHODS):
             raise CommandError(f"--find-max needs an append method in --methods: {', '.join(APPEND_METHODS)}")
         if o["streams"] < 1 or o["tokens_per_second"] <= 0:
