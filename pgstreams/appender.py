@@ -54,6 +54,9 @@ NOTIFY_SQL = "SELECT pg_notify(%s, payload) FROM unnest(%s::text[]) AS payload"
 
 # Chunks a stream writer may have sent and not yet seen committed before send() waits.
 WRITER_IN_FLIGHT: Final = 1000
+# The chunk data (characters of text, bytes) a batch takes at most, beside APPEND_BATCH's count,
+# which alone would let chunks of MAX_CHUNK_BYTES make a statement of hundreds of MiB.
+BATCH_BYTES: Final = 8 * 2**20
 
 
 class _NotCommitted(Exception):
@@ -136,14 +139,17 @@ class Appender:
         self._close()
 
     def _take(self, batch: list[Item]) -> None:
-        """Add queued items to ``batch`` while their chunks stay within APPEND_BATCH (one at
-        least), beside the deferred items it holds already."""
-        room = conf.append_batch()
+        """Add queued items to ``batch`` while their chunks stay within APPEND_BATCH and their
+        data within BATCH_BYTES (one at least), beside the deferred items it holds already."""
+        room, space = conf.append_batch(), BATCH_BYTES
         queue = self._queue
-        while queue and (room >= queue[0].size or room == conf.append_batch()):
-            item = queue.popleft()
-            room -= item.size
-            batch.append(item)
+        taken = False
+        while queue:
+            size, data_size = queue[0].size, queue[0].data_size
+            if taken and (size > room or data_size > space):
+                break
+            batch.append(queue.popleft())
+            room, space, taken = room - size, space - data_size, True
 
     def _commit(self, batch: list[Item], deferred: list[Item]) -> None:
         """Commit ``batch`` and settle every item: its result, or why it was not written; an item

@@ -152,6 +152,11 @@ class Item:
         """The chunks it may write, for APPEND_BATCH."""
         return 1
 
+    @property
+    def data_size(self) -> int:
+        """About the data it may write (characters of text, bytes), for a batch's BATCH_BYTES."""
+        return 0
+
     def judge(self, row: Row | None, producer_state: tuple[int, int] | None) -> Accepted | BaseException:
         raise NotImplementedError
 
@@ -176,6 +181,10 @@ class Append(Item):
 
     data: str = ""
     closing: bool = False
+
+    @property
+    def data_size(self) -> int:
+        return len(self.data)
 
     def judge(self, row: Row | None, producer_state: tuple[int, int] | None) -> Accepted | BaseException:
         sid = self.stream_id

@@ -273,10 +273,10 @@ append_interval: Setting[float] = Setting(
 )
 append_batch: Setting[int] = Setting(
     "APPEND_BATCH",
-    1000,
+    10000,
     Rule(lambda v: _whole(v) and v > 0, "a positive whole number of chunks"),
     "pgstreams.E019",
-    "chunks committed at most in one batch of the append path",
+    "chunks committed at most in one batch of the append path (a batch also ends at 8 MiB of chunk data)",
 )
 window_bytes: Setting[int] = Setting(
     "WINDOW_BYTES",

@@ -97,6 +97,28 @@ def test_appends_from_threads_and_event_loops_commit_together_in_few_batches() -
     assert done.appended == 500 and done.batches <= 500 / 5
 
 
+@pytest.mark.parametrize("bound", ["count", "data"])
+def test_a_batch_ends_at_append_batch_chunks_or_at_batch_bytes_of_data(monkeypatch, bound: str) -> None:
+    """Six appends queued behind a held batch go in batches of two: by APPEND_BATCH, or by their
+    data when BATCH_BYTES holds two of them."""
+    monkeypatch.setattr(appender, "BATCH_BYTES", 250 if bound == "data" else appender.BATCH_BYTES)
+    s = pgstreams.create_stream()
+
+    async def queued() -> list[int | None]:
+        with appender_held() as held:
+            first = asyncio.ensure_future(pgstreams.aappend(s.id, "first"))
+            await held.waiting()
+            calls = asyncio.gather(*(pgstreams.aappend(s.id, f"{k}" * 100) for k in range(6)))
+            await held.queued(6)
+        return [await first, *await calls]
+
+    before = stats().snapshot()
+    with override_settings(PGSTREAMS={"APPEND_BATCH": 2 if bound == "count" else 10000}):
+        assert asyncio.run(queued()) == list(range(7))
+    assert (stats() - before).batches == 4
+    assert stored(s) == [(0, "first")] + [(k + 1, f"{k}" * 100) for k in range(6)]
+
+
 def test_a_closed_or_unknown_stream_fails_only_its_own_appends() -> None:
     good, closed = pgstreams.create_stream().id, pgstreams.create_stream().id
     pgstreams.close(closed)

@@ -68,6 +68,10 @@ class DurableAppend(batch.Item):
     def size(self) -> int:
         return len(self.chunks) if isinstance(self.chunks, list) else 1
 
+    @property
+    def data_size(self) -> int:
+        return sum(map(len, self.chunks)) if isinstance(self.chunks, list) else 0
+
     def judge(self, row: batch.Row | None, producer_state: tuple[int, int] | None) -> batch.Accepted | BaseException:
         if self.remembered and (row is None or row.gone or row.owner_id != self.owner_id):
             return Stale()
