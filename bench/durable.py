@@ -1,6 +1,8 @@
 """The benchmark's Durable Streams mode (``--durable``): the same load, from Node's fetch
 (``node/durable_load.mjs``), on the protocol's Node reference server (``@durable-streams/server``,
-file-backed) and on pgstreams' endpoint served by 1, 2... daphne processes of this project.
+file-backed) and on pgstreams' endpoint served by 1, 2... daphne processes of this project, and
+by one process of each other server asked for (``--servers``: uvicorn, granian, the demo's
+application as the fan-out benchmark serves it).
 
 It measures appends/s and their latency over concurrent connections, one stream and one append
 in flight each (a ladder: 64, 100, 1,000 connections), stream creation (PUT) per second,
@@ -56,6 +58,7 @@ class DurableConfig:
     latency_streams: int = 16
     interval: float = 200.0  # ms between two appends to a latency stream (80 appends/s in all: not a load test)
     processes: tuple[int, ...] = (1, 2)  # daphne processes serving pgstreams, one run each
+    servers: tuple[str, ...] = ("daphne",)  # and one process of each other server, one run each
 
 
 def run_durable(config: DurableConfig, say: Callable[[str], None] = print) -> dict[str, Any]:
@@ -67,10 +70,12 @@ def run_durable(config: DurableConfig, say: Callable[[str], None] = print) -> di
     say("durable: the reference server (file-backed)")
     runs["reference, file-backed"] = _parts(node, parts, _reference, config, f"{prefix}/reference")
     try:
-        for n in config.processes:
-            say(f"durable: pgstreams, {n} daphne process(es)")
-            name = f"pgstreams, {n} daphne process{'es' if n > 1 else ''}"
-            runs[name] = _parts(node, parts, lambda n=n: _daphnes(n), config, f"{prefix}/{n}")
+        for server in config.servers:
+            for n in config.processes if server == "daphne" else (1,):
+                name = f"pgstreams, {n} {server} process{'es' if n > 1 else ''}"
+                say(f"durable: {name}")
+                serve = (lambda n=n: _daphnes(n)) if server == "daphne" else (lambda s=server: _served(s))
+                runs[name] = _parts(node, parts, serve, config, f"{prefix}/{server}{n}")
     finally:
         Stream.objects.using(conf.database()).filter(path__startswith=prefix).delete()
     with connections[conf.database()].cursor() as cursor:
@@ -238,6 +243,16 @@ def _daphnes(n: int) -> Iterator[tuple[list[str], list[int]]]:
             server.join(10)
             if server.is_alive():
                 server.kill()
+
+
+@contextmanager
+def _served(server: str) -> Iterator[tuple[list[str], list[int]]]:
+    """One process of ``server`` (uvicorn, granian) serving the demo's application, the
+    endpoint open to anyone; its processes are the server's and its workers."""
+    from .fanout import serving  # which imports this module
+
+    with serving(server, "demo_project.asgi:application") as (base, process):
+        yield [f"{base}/pgstreams"], [process.pid, *(child.pid for child in process.children(recursive=True))]
 
 
 class _Alive:

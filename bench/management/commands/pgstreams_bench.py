@@ -112,7 +112,12 @@ class Command(BaseCommand):
             "with the raw ASGI ceiling on the same server",
         )
         parser.add_argument("--transports", default="ws", help=f"for --fanout-shapes: some of {', '.join(TRANSPORTS)}")
-        parser.add_argument("--servers", default="daphne", help=f"for --fanout-shapes: some of {', '.join(SERVERS)}")
+        parser.add_argument(
+            "--servers",
+            default="daphne",
+            help=f"for --fanout-shapes and --durable: some of {', '.join(SERVERS)} (with --durable, daphne in "
+            "--processes processes, the others in one)",
+        )
         parser.add_argument("--no-ceiling", action="store_true", help="for --fanout-shapes: skip the raw ASGI runs")
         parser.add_argument(
             "--idle", type=int, default=0, help="for --fanout-shapes: also that many idle connections of each kind"
@@ -187,12 +192,16 @@ class Command(BaseCommand):
             raise CommandError("--durable, --llm and --replica are three benchmarks: run them one at a time")
         if o["paced_streams"] < 0 or o["paced_rate"] <= 0:
             raise CommandError("--paced-streams must be at least 0 and --paced-rate above 0")
+        servers = tuple(t.strip() for t in o["servers"].split(","))
+        if set(servers) - set(SERVERS):
+            raise CommandError(f"--servers must be some of {', '.join(SERVERS)}")
         config = DurableConfig(
             seconds=o["duration"],
             connections=_counts(o, "connections"),
             paced_streams=o["paced_streams"],
             paced_rate=o["paced_rate"],
             processes=_counts(o, "processes"),
+            servers=servers,
         )
         try:
             return run_durable(config, say=self.say)
