@@ -2,12 +2,15 @@
 delivered by one server process of the demo project (daphne, uvicorn or granian) over WebSocket,
 pgstreams' SSE, Durable Streams SSE or long-poll, to subscribers in Node processes
 (``node/fanout_load.mjs``), from a writer in another process (``stream_writer``, each chunk's data
-its wall-clock time), which starts once every subscriber has connected. Per shape: how long the
-subscribers took to connect (the connect storm), deliveries/s, e2e p50/p99/max, coverage,
+its wall-clock time), which starts once every subscriber has connected and the server follows
+each (its metrics say so: a WebSocket is accepted before its authorization lookup). Per shape:
+how long the subscribers took to connect (the connect storm) and how much longer until the server
+followed them all, deliveries/s, e2e p50/p99/max, coverage,
 duplicates and gaps, the server's CPU per delivery and peak RSS, the subscribers' own CPU; and
 the ceiling in the same run: the raw ASGI application of ``raw_asgi`` on the same server, sending
 the same subscribers the same bytes at the same rate, pgstreams reported as a fraction of it.
-``--idle`` measures what idle WebSockets and SSE connections cost the server, and the raw app.
+``--idle`` measures what idle WebSockets and SSE connections cost the server, and the raw app,
+from a second after the server follows them all.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 
 import httpx
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
 from . import procs
 from .durable import NODE, _node
@@ -41,6 +45,10 @@ SUBSCRIBERS_PER_NODE = 1000  # subscribers one Node process takes at most
 CONNECT_TIMEOUT = 120.0  # seconds the subscribers have to connect, all of them
 SETTLE = 0.5  # seconds between the last subscriber's connecting and the first write
 DRAIN = 3.0  # seconds the subscribers stay after the last write
+METRICS_TOKEN = uuid.uuid4().hex  # the demo's servers show their metrics to its bearer
+# The gauge of the subscribers a demo server follows, by transport: a WebSocket is accepted before
+# its authorization lookup, so a client that has connected may not be followed yet.
+FOLLOWED = {"ws": "pgstreams_websocket_clients", "sse": "pgstreams_sse_clients"}
 
 
 @dataclass
@@ -72,7 +80,7 @@ class FanoutConfig:
 def serving(server: str, app: str) -> Iterator[tuple[str, psutil.Process]]:
     """One process of ``server`` serving ``app``; yields its base URL and its process."""
     port = _free_port()
-    env = {**os.environ, "DEMO_OPEN_DURABLE_STREAMS": "1"}
+    env = {**os.environ, "DEMO_OPEN_DURABLE_STREAMS": "1", "DEMO_METRICS_TOKEN": METRICS_TOKEN}
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(server_command(server, app, port), cwd=ROOT, env=env, stdout=log, stderr=log)
 
@@ -151,6 +159,23 @@ def _connected(clients: list[subprocess.Popen[str]]) -> float:
     return time.monotonic() - began
 
 
+def _followed(base: str, transport: str, count: int) -> float:
+    """Wait until the demo server at ``base`` follows ``count`` subscribers of ``transport``
+    (by its metrics; at once for transports whose answer comes only once the server follows);
+    the seconds that took."""
+    gauge = FOLLOWED.get(transport)
+    began = time.monotonic()
+    while gauge is not None:  # bounded by CONNECT_TIMEOUT
+        answer = httpx.get(f"{base}/pgstreams/metrics/", headers={"Authorization": f"Bearer {METRICS_TOKEN}"})
+        samples = [s for family in text_string_to_metric_families(answer.text) for s in family.samples]
+        if sum(s.value for s in samples if s.name == gauge) >= count:
+            break
+        if time.monotonic() - began > CONNECT_TIMEOUT:
+            raise RuntimeError(f"the server did not follow its {count} subscribers within {CONNECT_TIMEOUT:.0f} s")
+        time.sleep(0.1)
+    return time.monotonic() - began
+
+
 def _collect(clients: list[subprocess.Popen[str]], timeout: float) -> list[dict[str, Any]]:
     results = []
     for client in clients:
@@ -200,6 +225,7 @@ def _pgstreams_run(node: str, server: str, transport: str, shape: Shape, seconds
             writer.start()
             clients = _subscribers(node, base, transport, streams, shape, SETTLE + seconds + DRAIN, idle=False)
             connect = _connected(clients)
+            followed = _followed(base, transport, shape.streams * shape.subscribers)
             time.sleep(SETTLE)
             memory = PeakMemory(process.pid)
             memory.start()
@@ -212,7 +238,8 @@ def _pgstreams_run(node: str, server: str, transport: str, shape: Shape, seconds
         writer.join(30)
     finally:
         Stream.objects.using(conf.database()).filter(label="pgstreams-bench-fanout").delete()
-    return _figures(out, cpu, memory.peak, seconds, sum(written.values()) * shape.subscribers, connect)
+    expected = sum(written.values()) * shape.subscribers
+    return {**_figures(out, cpu, memory.peak, seconds, expected, connect), "followed_s": round(followed, 2)}
 
 
 def _ceiling_run(node: str, server: str, transport: str, shape: Shape, seconds: float) -> dict[str, Any]:
@@ -270,6 +297,7 @@ def _idle_run(node: str, server: str, transport: str, connections: int, app: str
             shape = Shape(len(streams), 10, 1)
             clients = _subscribers(node, base, transport, streams, shape, 12.0, idle=True)
             connect = _connected(clients)
+            followed = _followed(base, transport, connections) if app.startswith("demo_project") else 0.0
             time.sleep(1.0)
             cpu, rss = _cpu(process), _rss(process)
             time.sleep(10.0)
@@ -280,6 +308,7 @@ def _idle_run(node: str, server: str, transport: str, connections: int, app: str
     return {
         "connections": connections,
         "connect_s": round(connect, 2),
+        "followed_s": round(followed, 2),  # after connect_s: until the server followed every one
         "kib_per_connection": round((rss - before) / connections / 1024, 1),
         "idle_cpu_percent": round(cpu / 10.0 * 100, 1),
     }
@@ -312,8 +341,8 @@ def run_fanout(config: FanoutConfig, say: Callable[[str], None] = print) -> dict
 
 def table(report: dict[str, Any]) -> str:
     lines = [
-        "server   transport shape        connect s  deliveries/s  p50 ms  p99 ms  max ms  coverage  us/delivery"
-        "  of ceiling"
+        "server   transport shape        connect s  followed s  deliveries/s  p50 ms  p99 ms  max ms  coverage"
+        "  us/delivery  of ceiling"
     ]
     for row in report["runs"]:
         if "idle" in row:
@@ -321,14 +350,15 @@ def table(report: dict[str, Any]) -> str:
             lines.append(
                 f"{row['server']:<8} {row['transport']:<9} {idle['connections']} idle: "
                 f"{idle['kib_per_connection']} KiB each, {idle['idle_cpu_percent']}% CPU, connected in "
-                f"{idle['connect_s']} s" + (f"; the raw app: {raw['kib_per_connection']} KiB each" if raw else "")
+                f"{idle['connect_s']} s, followed {idle['followed_s']} s later"
+                + (f"; the raw app: {raw['kib_per_connection']} KiB each" if raw else "")
             )
             continue
         p = row["pgstreams"]
         e = p["e2e_ms"]
         lines.append(
             f"{row['server']:<8} {row['transport']:<9} {row['shape']:<12} {p['connect_s']:>9} "
-            f"{p['deliveries_per_s']:>13,.0f} "
+            f"{p.get('followed_s', '-'):>11} {p['deliveries_per_s']:>13,.0f} "
             f"{e['p50'] or 0:>7} {e['p99'] or 0:>7} {e['max'] or 0:>7} {p['coverage'] or 0:>9} "
             f"{p['server_cpu_us_per_delivery'] or 0:>12} {row.get('of_ceiling', '-'):>11}"
         )

@@ -61,6 +61,9 @@ PGSTREAMS = {}
 # The Durable Streams endpoint (pgstreams/v1/stream/<path>) refuses every write by default. The
 # conformance suite and the official client's test set DEMO_OPEN_DURABLE_STREAMS=1, which opens it
 # to anyone, and shorten its long-polls so that the suite's timeouts test them.
+# The benchmark reads each server's metrics with this token (METRICS_TOKEN: staff only otherwise).
+if os.environ.get("DEMO_METRICS_TOKEN"):
+    PGSTREAMS["METRICS_TOKEN"] = os.environ["DEMO_METRICS_TOKEN"]
 if os.environ.get("DEMO_OPEN_DURABLE_STREAMS") == "1":
     PGSTREAMS["DURABLE_AUTHORIZE"] = "demo_project.chat.durable.allow_everything"
     PGSTREAMS["LONG_POLL_TIMEOUT"] = float(os.environ.get("DEMO_LONG_POLL_TIMEOUT", "2"))
