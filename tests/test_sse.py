@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 import uuid
 
+import httpx
 import pytest
 from asgiref.sync import sync_to_async
 from django.contrib.auth import get_user_model
@@ -145,3 +148,78 @@ async def test_pruned_chunks_end_the_response_with_an_error_event_saying_where_t
     assert parsed[-1]["event"] == "error"
     error = json.loads(parsed[-1]["data"])
     assert error["first_offset"] == 5 and "pruned" in error["message"]
+
+
+def _shortcut() -> object:
+    """The SSE view's project as DurableStreamsFirst serves it, made now."""
+    from django.core.asgi import get_asgi_application
+
+    from pgstreams.durable.asgi import DurableStreamsFirst
+
+    return DurableStreamsFirst(get_asgi_application())
+
+
+async def test_open_sse_responses_through_the_shortcut_hold_no_thread_each() -> None:
+    """Through Django's handler, each response keeps a thread of its own (the request's thread
+    for its middleware's hops) until it ends; through the shortcut, none."""
+    s = await pgstreams.acreate_stream()
+    app, opened = _shortcut(), [asyncio.Event() for _ in range(21)]
+
+    async def subscriber(k: int) -> None:
+        requested = False
+
+        async def receive() -> dict:
+            nonlocal requested
+            if not requested:
+                requested = True
+                return {"type": "http.request", "body": b"", "more_body": False}
+            await asyncio.Event().wait()  # the client never leaves: cancelled at the end
+            raise AssertionError
+
+        async def send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                assert message["status"] == 200
+            elif message.get("body"):
+                opened[k].set()
+
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
+            "path": url(s.id), "raw_path": url(s.id).encode(), "root_path": "", "query_string": b"",
+            "headers": [(b"host", b"127.0.0.1")], "client": ("127.0.0.1", 40000 + k), "server": ("127.0.0.1", 80),
+        }  # fmt: skip
+        await app(scope, receive, send)
+
+    tasks = [asyncio.create_task(subscriber(0))]  # the first starts the listener and the lookups' pool
+    try:
+        await asyncio.wait_for(opened[0].wait(), 30)
+        before = {thread.name for thread in threading.enumerate()}
+        tasks += [asyncio.create_task(subscriber(k)) for k in range(1, 21)]
+        await asyncio.wait_for(asyncio.gather(*(event.wait() for event in opened)), 30)
+        more = sorted({thread.name for thread in threading.enumerate()} - before)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    print(f"20 more open SSE responses through the shortcut: threads {more}")
+    assert len(more) <= 1  # the lookups' pool's second thread, at most
+
+
+async def test_the_shortcut_serves_the_sse_view_to_its_owner_signed_in_and_refuses_others() -> None:
+    owner = await sync_to_async(get_user_model().objects.create_user)("shortcut-sse-owner")
+    s = await pgstreams.acreate_stream(owner=owner)
+    await pgstreams.awrite(s.id, "mine")
+    await pgstreams.aclose(s.id)
+    signed_in = AsyncClient()
+    await signed_in.aforce_login(owner)
+    transport = httpx.ASGITransport(app=_shortcut())
+    session = {"sessionid": signed_in.cookies["sessionid"].value}
+    async with (
+        httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as stranger,
+        httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1", cookies=session) as client,
+    ):
+        anonymous = await stranger.get(url(s.id))
+        theirs = await client.get(url(s.id))
+        posted = await client.post(url(s.id))  # not the shortcut's: Django's CSRF check
+    assert anonymous.status_code == 403
+    assert theirs.status_code == 200 and '"data":"mine"' in theirs.text and "event: end" in theirs.text
+    assert posted.status_code == 403 and "CSRF" in posted.text
