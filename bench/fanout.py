@@ -10,7 +10,8 @@ duplicates and gaps, the server's CPU per delivery and peak RSS, the subscribers
 the ceiling in the same run: the raw ASGI application of ``raw_asgi`` on the same server, sending
 the same subscribers the same bytes at the same rate, pgstreams reported as a fraction of it.
 ``--idle`` measures what idle WebSockets and SSE connections cost the server, and the raw app,
-from a second after the server follows them all.
+from IDLE_SETTLE after the server follows them all (their first reads, and the collector's work
+on the connect storm's garbage, take a few seconds more).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ SUBSCRIBERS_PER_NODE = 1000  # subscribers one Node process takes at most
 CONNECT_TIMEOUT = 120.0  # seconds the subscribers have to connect, all of them
 SETTLE = 0.5  # seconds between the last subscriber's connecting and the first write
 DRAIN = 3.0  # seconds the subscribers stay after the last write
+IDLE_SETTLE = 5.0  # seconds between the server's following every idle subscriber and its idle CPU's measure
 METRICS_TOKEN = uuid.uuid4().hex  # the demo's servers show their metrics to its bearer
 # The gauge of the subscribers a demo server follows, by transport: a WebSocket is accepted before
 # its authorization lookup, so a client that has connected may not be followed yet.
@@ -295,10 +297,11 @@ def _idle_run(node: str, server: str, transport: str, connections: int, app: str
             time.sleep(1.0)
             before = _rss(process)
             shape = Shape(len(streams), 10, 1)
-            clients = _subscribers(node, base, transport, streams, shape, 12.0, idle=True)
+            # They stay long enough for the server to follow them, settle and be measured.
+            clients = _subscribers(node, base, transport, streams, shape, IDLE_SETTLE + 20.0, idle=True)
             connect = _connected(clients)
             followed = _followed(base, transport, connections) if app.startswith("demo_project") else 0.0
-            time.sleep(1.0)
+            time.sleep(IDLE_SETTLE)
             cpu, rss = _cpu(process), _rss(process)
             time.sleep(10.0)
             cpu = _cpu(process) - cpu
