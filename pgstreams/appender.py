@@ -9,7 +9,7 @@ caller learns its result once its batch has committed, waiting without a thread 
 A stream whose row another transaction holds is never waited on: its appends wait for a later
 batch, for at most QUERY_TIMEOUT, then fail. A batch that certainly did not commit (the
 connection failed before the commit was sent, or the server answered it with an error) is sent
-again, within a retry budget of CONNECT_TIMEOUT + QUERY_TIMEOUT; when the commit got no answer,
+again, in halves, within a retry budget of CONNECT_TIMEOUT + QUERY_TIMEOUT; when the commit got no answer,
 ``resolution`` asks the database whether it committed: a batch is never applied twice, and a
 caller gets an error only when its chunk was not committed (``OutcomeUnknown`` when nobody can
 tell).
@@ -151,17 +151,20 @@ class Appender:
             batch.append(queue.popleft())
             room, space, taken = room - size, space - data_size, True
 
-    def _commit(self, batch: list[Item], deferred: list[Item]) -> None:
+    def _commit(self, batch: list[Item], deferred: list[Item], deadline: float | None = None) -> None:
         """Commit ``batch`` and settle every item: its result, or why it was not written; an item
         whose stream another transaction holds goes to ``deferred`` instead, in order, and with it
         the later items of its stream. An item of a stream writer whose earlier item failed
-        fails too, unsent."""
+        fails too, unsent. A batch that did not commit is sent again in halves, in order, until
+        ``deadline`` (the retry budget from now, by default): a shorter transaction may pass
+        where the connection keeps failing."""
         batch = _without_broken_chains(batch)
         if not batch:
             return
         mode = conf.notify_mode()  # once: the NOTIFY in the transaction and the one after agree
         held = frozenset(item.stream_id for item in deferred)  # by an earlier part of a split batch
-        deadline = time.monotonic() + conf.connect_timeout() + conf.query_timeout()
+        if deadline is None:
+            deadline = time.monotonic() + conf.connect_timeout() + conf.query_timeout()
         backoff = db.Backoff()
         while True:
             try:
@@ -175,6 +178,15 @@ class Appender:
                     return
                 logger.warning("pgstreams: an append batch did not commit, sending it again: %s", cause)
                 time.sleep(backoff.next())
+                if len(batch) > 1:
+                    half = len(batch) // 2
+                    self._commit(batch[:half], deferred, deadline)
+                    rest = _without_broken_chains(batch[half:])
+                    if time.monotonic() < deadline:
+                        self._commit(rest, deferred, deadline)
+                    else:  # no try past the budget: the server may take CONNECT_TIMEOUT to refuse each
+                        _settle(rest, [error(StreamError, f"append not committed: {cause}", cause) for _ in rest])
+                    return
             except psycopg.DatabaseError as exc:  # an item the database refuses
                 if len(batch) == 1:
                     _settle(batch, [error(StreamError, f"append refused by the database: {exc}", exc)])

@@ -119,6 +119,48 @@ def test_a_batch_ends_at_append_batch_chunks_or_at_batch_bytes_of_data(monkeypat
     assert stored(s) == [(0, "first")] + [(k + 1, f"{k}" * 100) for k in range(6)]
 
 
+CUT_LONG_BATCHES = """
+CREATE FUNCTION test_cut_long_batches() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF (SELECT count(*) FROM added) > 2 THEN
+        PERFORM pg_terminate_backend(pg_backend_pid());
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER test_cut_long_batches AFTER INSERT ON pgstreams_chunk REFERENCING NEW TABLE AS added
+FOR EACH STATEMENT EXECUTE FUNCTION test_cut_long_batches();
+"""
+
+
+def test_a_batch_the_connection_fails_under_every_time_commits_in_halves() -> None:
+    """The appender's backend ends itself whenever a statement inserts more than two chunks (a
+    connection that fails before any long transaction can commit): eight appends queued behind
+    a held batch still commit, two at a time, in order."""
+    s = pgstreams.create_stream()
+    with connection.cursor() as cursor:
+        cursor.execute(CUT_LONG_BATCHES)
+    try:
+
+        async def queued() -> list[object]:
+            with appender_held() as held:
+                first = asyncio.ensure_future(pgstreams.aappend(s.id, "first"))
+                await held.waiting()
+                calls = asyncio.gather(*(pgstreams.aappend(s.id, f"{k}") for k in range(8)), return_exceptions=True)
+                await held.queued(8)
+            return [await first, *await calls]
+
+        before = stats().snapshot()
+        results = asyncio.run(queued())
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER test_cut_long_batches ON pgstreams_chunk")
+            cursor.execute("DROP FUNCTION test_cut_long_batches()")
+    done = stats() - before
+    print(f"nine appends, the backend ended under every batch of more than two: {done.retries} sent again")
+    assert results == list(range(9))
+    assert stored(s) == [(0, "first")] + [(k + 1, f"{k}") for k in range(8)]
+
+
 def test_a_closed_or_unknown_stream_fails_only_its_own_appends() -> None:
     good, closed = pgstreams.create_stream().id, pgstreams.create_stream().id
     pgstreams.close(closed)
