@@ -10,9 +10,10 @@
 //
 // "send" sends the prompt as a user message; "resume" makes a new Chat with `messages` (as a page
 // that reloads renders them) and calls resumeStream(), as useChat({ resume: true }) does on mount.
-// After N text deltas have arrived, disconnectAfter calls chat.stop() (with resume on, a
-// disconnect), and stopAfter POSTs the stop endpoint (`${api}/${chat}/stop`, as the demo and the
-// README's example have it). Prints one JSON line: the chat's status, error, messages, the text
+// Once the chat's answer shows N characters of text, disconnectAfter calls chat.stop() (with resume
+// on, a disconnect), and stopAfter POSTs the stop endpoint (`${api}/${chat}/stop`, as the demo and
+// the README's example have it). By the chat's message, not by the deltas counted as they arrive:
+// one read can bring many, and a stop then would abort them before the chat had shown any. Prints one JSON line: the chat's status, error, messages, the text
 // deltas received, and the stop endpoint's answer.
 import { Chat } from "@ai-sdk/react"
 import { createDurableChatTransport } from "@durable-streams/aisdk-transport"
@@ -22,7 +23,6 @@ const options = JSON.parse(process.argv[2])
 const headers = { "X-CSRFToken": options.csrf }
 const api = `${options.base}${options.api ?? "/ai/chat"}`
 let deltas = 0
-let onDelta = () => {}
 
 // What a browser's fetch does here, and a count: the session's cookies go with every request to
 // the site (the Durable Streams client reads without the transport's headers), and the text
@@ -39,10 +39,7 @@ globalThis.fetch = async (url, init = {}) => {
       transform(chunk, controller) {
         const found = decoder.decode(chunk, { stream: true }).match(/"type":"text-delta"/g)
         controller.enqueue(chunk)
-        if (found) {
-          deltas += found.length
-          onDelta()
-        }
+        if (found) deltas += found.length
       },
     }),
   )
@@ -56,16 +53,22 @@ const transport =
 const chat = new Chat({ id: options.chat, messages: options.messages ?? [], transport })
 
 const after = options.disconnectAfter ?? options.stopAfter
-let stopped = null
-if (after != null) {
-  onDelta = () => {
-    if (deltas < after || stopped) return
-    stopped =
-      options.disconnectAfter != null
-        ? Promise.resolve(chat.stop())
-        : fetch(`${api}/${options.chat}/stop`, { method: "POST", headers }).then((r) => r.json())
-  }
+const shown = () => {
+  const last = chat.messages.at(-1)
+  return last?.role === "assistant" ? last.parts.map((p) => (p.type === "text" ? p.text : "")).join("") : ""
 }
+let stopped = null
+const watching =
+  after == null
+    ? null
+    : setInterval(() => {
+        if (shown().length < after) return
+        clearInterval(watching)
+        stopped =
+          options.disconnectAfter != null
+            ? Promise.resolve(chat.stop())
+            : fetch(`${api}/${options.chat}/stop`, { method: "POST", headers }).then((r) => r.json())
+      }, 5)
 
 const deadline = setTimeout(() => {
   console.log(JSON.stringify({ timedOut: true, status: chat.status, deltas, messages: chat.messages }))
@@ -79,6 +82,7 @@ if (options.action === "send") {
 }
 const stop = stopped ? await stopped : null
 clearTimeout(deadline)
+clearInterval(watching)
 console.log(
   JSON.stringify({ status: chat.status, error: chat.error?.message ?? null, deltas, stop, messages: chat.messages }),
 )
