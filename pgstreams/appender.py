@@ -174,18 +174,18 @@ class Appender:
                 cause = exc.__cause__ or exc
                 self.stats.retries += 1
                 if time.monotonic() >= deadline:
-                    _settle(batch, [error(StreamError, f"append not committed: {cause}", cause) for _ in batch])
+                    _settle(batch, _not_committed(batch, cause))
                     return
                 logger.warning("pgstreams: an append batch did not commit, sending it again: %s", cause)
                 time.sleep(backoff.next())
                 if len(batch) > 1:
                     half = len(batch) // 2
                     self._commit(batch[:half], deferred, deadline)
-                    rest = _without_broken_chains(batch[half:])
                     if time.monotonic() < deadline:
-                        self._commit(rest, deferred, deadline)
+                        self._commit(batch[half:], deferred, deadline)
                     else:  # no try past the budget: the server may take CONNECT_TIMEOUT to refuse each
-                        _settle(rest, [error(StreamError, f"append not committed: {cause}", cause) for _ in rest])
+                        rest = _without_broken_chains(batch[half:])
+                        _settle(rest, _not_committed(rest, cause))
                     return
             except psycopg.DatabaseError as exc:  # an item the database refuses
                 if len(batch) == 1:
@@ -324,6 +324,11 @@ def _without_broken_chains(batch: list[Item]) -> list[Item]:
     if broken:
         _settle(broken, failures)
     return kept
+
+
+def _not_committed(batch: Sequence[Item], cause: BaseException) -> list[Exception]:
+    """Each item's error when its batch could not be committed within the retry budget."""
+    return [error(StreamError, f"append not committed: {cause}", cause) for _ in batch]
 
 
 def _refused(exc: psycopg.Error, conn: psycopg.Connection[Any] | None) -> bool:
