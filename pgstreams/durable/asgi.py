@@ -126,6 +126,15 @@ class _Handler(ASGIHandler):
             return
         set_script_prefix(get_script_prefix(scope))
         request = ASGIRequest(scope, body_file)
+        if request.method != "GET":
+            # A write or a HEAD answers as soon as it is done; cancelled when its client went
+            # away, it would be done all the same (an append handed to the appender commits), so
+            # it has no listener for the disconnect: two tasks less, a tenth of a request's CPU.
+            try:
+                await self._respond(request, send)
+            finally:
+                body_file.close()
+            return
         # As Django does: a client that goes away cancels the response (an SSE one, above all).
         tasks = [
             asyncio.create_task(self.listen_for_disconnect(receive)),
