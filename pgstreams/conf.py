@@ -9,7 +9,7 @@ defaults and the README's table (held to these by a test) derive from the declar
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -294,8 +294,9 @@ _durable_authorize: Setting[str] = Setting(
     "pgstreams.auth.default_durable_authorize",
     Rule(_importable, "the dotted path of a callable(request, action, path, stream) -> bool"),
     "pgstreams.E021",
-    "who may create, append to, close, delete or read a stream at the Durable Streams endpoint (see "
-    "[Durable Streams](#durable-streams)); by default reads follow `AUTHORIZE` and everything else is refused",
+    "who may create, append to, close, delete or read a stream at the Durable Streams endpoint, a function or an "
+    "`async def` one (see [Durable Streams](#durable-streams)); by default reads follow `AUTHORIZE` and "
+    "everything else is refused",
 )
 long_poll_timeout: Setting[float] = Setting(
     "LONG_POLL_TIMEOUT",
@@ -322,6 +323,6 @@ def authorize() -> Callable[[Any, Any], bool]:
     return import_string(_authorize())
 
 
-def durable_authorize() -> Callable[[Any, str, str, Any], bool]:
+def durable_authorize() -> Callable[[Any, str, str, Any], bool | Awaitable[bool]]:
     """The DURABLE_AUTHORIZE callable, imported at each call."""
     return import_string(_durable_authorize())

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 import pgstreams
 from pgstreams import appender, conf, db, signals
-from pgstreams.durable import wire
+from pgstreams.durable import appends, wire
 from pgstreams.models import Chunk, Stream
 from tests.helpers import appender_held
 
@@ -141,6 +141,47 @@ async def test_a_stream_given_another_owner_is_not_written_by_its_old_one() -> N
         answer = await post(client, "owned", "not mine any more")
     assert answer.status_code == 403
     assert await stored("owned") == ["mine"]
+
+
+async def owners_only_on_the_loop(request, action: str, path: str, stream) -> bool:
+    """owners_only as an ``async def`` rule."""
+    user = await request.auser()
+    return action == "create" or (stream is not None and stream.owner_id == user.id)
+
+
+async def test_an_async_rule_is_awaited_and_an_owners_small_appends_to_a_remembered_stream_hold_no_thread(
+    monkeypatch,
+) -> None:
+    """Appends to a stream the process remembers, with an ``async def`` rule and a body of at
+    most LOOP_BODY_BYTES, are judged on the event loop: no lookup on a thread. The first append
+    and a larger body go through the thread; a stranger, and the old owner of a stream given to
+    another, are refused and write nothing."""
+    users = get_user_model().objects
+    first, second = [await sync_to_async(users.create_user)(name) for name in ("first", "second")]
+    owner, stranger = AsyncClient(), AsyncClient()
+    await owner.aforce_login(first)
+    await stranger.aforce_login(second)
+    await pgstreams.acreate_stream(path="owned", owner=first)
+    found = []
+    real_find = appends._find
+
+    async def counted_find(*args, **kwargs):
+        found.append(args[1])
+        return await real_find(*args, **kwargs)
+
+    monkeypatch.setattr(appends, "_find", counted_find)
+    large = "x" * (appends.LOOP_BODY_BYTES + 1)
+    with override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": "tests.test_durable_appends.owners_only_on_the_loop"}):
+        answers = [await post(owner, "owned", body) for body in ("a", "b", "c")]
+        assert len(found) == 1  # the first append looked the path up; the others remembered it
+        answers.append(await post(owner, "owned", large))
+        assert len(found) == 2
+        refused = await post(stranger, "owned", "not yours")
+        await Stream.objects.filter(path="owned").aupdate(owner=second)
+        refused_since = await post(owner, "owned", "not mine any more")
+    assert [a.status_code for a in answers] == [204] * 4
+    assert (refused.status_code, refused_since.status_code) == (403, 403)
+    assert await stored("owned") == ["a", "b", "c", large]
 
 
 async def test_a_fork_and_its_source_each_get_their_own_appends_and_a_deleted_source_answers_410() -> None:

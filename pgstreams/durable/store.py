@@ -18,12 +18,13 @@ from __future__ import annotations
 import datetime
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal
 
+from asgiref.sync import async_to_sync, iscoroutinefunction
 from django.db import IntegrityError, OperationalError, connections, transaction
 from django.db.models.functions import Now
 
@@ -137,15 +138,40 @@ class Read:
 
 
 def authorize(request: Any, action: Action, path: str, stream: Stream | None) -> None:
-    """Refuse (403) unless DURABLE_AUTHORIZE lets the request ``action`` the stream. A rule that
-    raises refuses, and is logged: its answer must not depend on whether the stream exists."""
+    """Refuse (403) unless DURABLE_AUTHORIZE lets the request ``action`` the stream."""
+    if not allowed(request, action, path, stream):
+        raise refusal(action, path)
+
+
+def allowed(request: Any, action: Action, path: str, stream: Stream | None) -> bool:
+    """Whether DURABLE_AUTHORIZE lets the request ``action`` the stream. A rule that raises
+    refuses, and is logged: its answer must not depend on whether the stream exists. An
+    ``async def`` rule runs on the event loop that handed this thread the request."""
+    rule = conf.durable_authorize()
     try:
-        allowed = conf.durable_authorize()(request, action, path, stream)
+        return bool(
+            async_to_sync(rule)(request, action, path, stream)
+            if iscoroutinefunction(rule)
+            else rule(request, action, path, stream)
+        )
     except Exception:
         logger.exception("pgstreams: DURABLE_AUTHORIZE raised for %s %r; the request is refused", action, path)
-        allowed = False
-    if not allowed:
-        raise Refused(403, f"not allowed to {action} stream {path!r}")
+        return False
+
+
+async def aallowed(
+    rule: Callable[..., Awaitable[bool]], request: Any, action: Action, path: str, stream: Stream
+) -> bool:
+    """``allowed()`` on the event loop, for an ``async def`` rule."""
+    try:
+        return bool(await rule(request, action, path, stream))
+    except Exception:
+        logger.exception("pgstreams: DURABLE_AUTHORIZE raised for %s %r; the request is refused", action, path)
+        return False
+
+
+def refusal(action: Action, path: str) -> Refused:
+    return Refused(403, f"not allowed to {action} stream {path!r}")
 
 
 # The stream at a path, and whether its expiry has passed by the database's clock at this moment
@@ -582,21 +608,25 @@ def find(
     judges and commits it. ``known`` is the stream this process last found at ``path``, asked
     about without reading it again (``appends`` checks in its batch that it is still the one
     there); a refusal of it is asked again of the stream read afresh."""
-    action: Action = "close" if closing and not body else "append"
-    stream = None
-    if known is not None:
-        try:
-            authorize(request, action, path, known)
-            stream = known
-        except Refused:
-            pass
+    action = post_action(body, closing=closing)
+    stream = known if known is not None and allowed(request, action, path, known) else None
     if stream is None:
         stream = _existing(path, _lookup(request, action, conf.database(), path))
     if closing and body:
         authorize(request, "close", path, stream)  # an append that closes needs both
+    return stream, post_chunks(stream, body)
+
+
+def post_action(body: bytes, *, closing: bool) -> Action:
+    """What a POST does, as the rule is asked about it (an append that closes: ``append``, then ``close``)."""
+    return "close" if closing and not body else "append"
+
+
+def post_chunks(stream: Stream, body: bytes) -> list[str | bytes] | Refused | None:
+    """A POST's body as the stream's chunks, or the refusal of it (None without a body)."""
     if not body:
-        return stream, None
+        return None
     try:
-        return stream, body_chunks(stream, body, appending=True)
-    except Refused as refusal:
-        return stream, refusal
+        return body_chunks(stream, body, appending=True)
+    except Refused as refused:
+        return refused
