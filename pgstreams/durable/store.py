@@ -1,6 +1,6 @@
-"""The Durable Streams endpoint's database work: find a stream by its path, then create (or fork)
-or delete it in one transaction on ``DATABASE``, describe or read it, or find it for an append
-(which ``appends`` commits, in batches), with the request's authorization
+"""The Durable Streams endpoint's database work: find a stream by its path, then delete it in one
+transaction on ``DATABASE``, describe or read it, or find it for an append (which ``appends``
+commits, in batches) or a create (``creates``), with the request's authorization
 (``PGSTREAMS['DURABLE_AUTHORIZE']``) asked before anything about the stream is told (a missing
 stream is asked about as None).
 
@@ -25,14 +25,13 @@ from functools import partial
 from typing import Any, Literal
 
 from asgiref.sync import async_to_sync, iscoroutinefunction
-from django.db import IntegrityError, OperationalError, connections, transaction
-from django.db.models.functions import Now
+from django.db import OperationalError, connections, transaction
 
-from .. import conf, leases, notify
+from .. import conf, leases
 from ..batch import EXPIRY_PASSED
 from ..models import Stream, is_text, media_type
 from ..types import Mark
-from ..writer import after_commit, committed, pgstreams_cursor
+from ..writer import committed, pgstreams_cursor
 from . import wire
 from .wire import Refused
 
@@ -93,26 +92,6 @@ class State:
     @property
     def binary(self) -> bool:
         return not is_text(self.content_type)
-
-
-@dataclass(frozen=True, slots=True)
-class Fork:
-    """A PUT's fork headers: the source's path, and where the fork leaves it."""
-
-    source: str
-    offset: int | None
-    sub_offset: int
-
-
-@dataclass(frozen=True, slots=True)
-class Wanted:
-    """What a PUT asks of the stream at its path: a stream created so, or one already so."""
-
-    content_type: str | None  # None: the default, or a fork's source's
-    ttl: int | None
-    expires_at: datetime.datetime | None
-    closed: bool
-    fork: Fork | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +163,7 @@ _EXPIRED = f"(deleted_at IS NULL AND {EXPIRY_PASSED})"
 _LOOKUP_SQL = f"SELECT {', '.join(_COLUMNS)}, coalesce({_EXPIRED}, false) FROM pgstreams_stream WHERE path = %s"
 
 
-def _lookup(request: Any, action: Action, alias: str, path: str, *, lock: bool = False) -> Stream | None:
+def lookup(request: Any, action: Action, alias: str, path: str, *, lock: bool = False) -> Stream | None:
     """The stream at ``path`` (tombstones included), once DURABLE_AUTHORIZE lets the request
     ``action`` it: the rule is asked before anything about the path is told, and before any
     lock is taken (about None for a stream that is missing, deleted or expired). With ``lock``
@@ -213,8 +192,8 @@ def _changed(before: Stream | None, after: Stream | None) -> bool:
 def _select(alias: str, path: str, *, lock: bool) -> tuple[Stream | None, bool]:
     with pgstreams_cursor(alias) as cursor:
         if lock:
-            _bound_lock_waits(cursor)
-        with _busy_if_held(path):
+            bound_lock_waits(cursor)
+        with busy_if_held(path):
             cursor.execute(_LOOKUP_SQL + (" FOR NO KEY UPDATE" if lock else ""), [path])
         row = cursor.fetchone()
     if row is None:
@@ -226,14 +205,14 @@ def _select(alias: str, path: str, *, lock: bool) -> tuple[Stream | None, bool]:
     return stream, row[-1]
 
 
-def _bound_lock_waits(cursor: Any) -> None:
+def bound_lock_waits(cursor: Any) -> None:
     """End every lock wait of the rest of this transaction after LOCK_WAIT (set_config's third
     argument: for this transaction only)."""
     cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{int(LOCK_WAIT * 1000)}ms"])
 
 
 @contextmanager
-def _busy_if_held(path: str) -> Iterator[None]:
+def busy_if_held(path: str) -> Iterator[None]:
     """A lock wait that ran out of LOCK_WAIT as ``Busy``."""
     try:
         yield
@@ -335,14 +314,14 @@ def remove_orphan_tombstones(alias: str) -> int:
 
 def head(request: Any, path: str) -> State:
     """HEAD: the stream's state (a HEAD does not count as use for its TTL)."""
-    return State.of(_existing(path, _lookup(request, "read", conf.database(), path)))
+    return State.of(_existing(path, lookup(request, "read", conf.database(), path)))
 
 
 def read(request: Any, path: str, offset: str) -> Read:
     """GET: the chunks from ``offset`` (``-1``, ``now`` or one this server gave), as many as one
     response holds, up to the stream's tail when the read began."""
     alias = conf.database()
-    stream = _existing(path, _lookup(request, "read", alias, path))
+    stream = _existing(path, lookup(request, "read", alias, path))
     if stream.ttl is not None:
         _use(alias, stream)
     state = State.of(stream)
@@ -407,139 +386,7 @@ def delete(request: Any, path: str) -> None:
     """DELETE: remove the stream, or leave a tombstone while forks of it remain."""
     alias = conf.database()
     with transaction.atomic(using=alias):
-        _remove(alias, _existing(path, _lookup(request, "delete", alias, path, lock=True)))
-
-
-def create(request: Any, path: str, wanted: Wanted, body: bytes) -> tuple[State, bool]:
-    """PUT: create the stream (or fork), or find it already there with the same configuration.
-    Returns its state and whether it was created."""
-    alias = conf.database()
-    attempt = partial(_create, request, alias, path, wanted, body)
-    try:
-        with transaction.atomic(using=alias):
-            return attempt()
-    except IntegrityError:  # another request created it first: compare with that one
-        with transaction.atomic(using=alias):
-            return attempt()
-
-
-def _create(request: Any, alias: str, path: str, wanted: Wanted, body: bytes) -> tuple[State, bool]:
-    content_type, ttl, expires_at, closed, fork = (
-        wanted.content_type,
-        wanted.ttl,
-        wanted.expires_at,
-        wanted.closed,
-        wanted.fork,
-    )
-    source = None
-    if fork is not None:
-        source = _lookup(request, "read", alias, fork.source, lock=True)
-        if source is None:
-            raise Refused(404, f"no stream at {fork.source!r} to fork")
-        if source.deleted_at is not None:
-            raise Refused(409, f"the stream at {fork.source!r} was deleted; it cannot be forked")
-        if content_type is None:
-            content_type = source.content_type
-        elif media_type(content_type) != media_type(source.content_type):
-            raise Refused(409, f"a fork has its source's content type, {source.content_type}")
-        if ttl is None and expires_at is None:
-            ttl, expires_at = source.ttl, source.expires_at
-    content_type = content_type or wire.DEFAULT_CONTENT_TYPE
-
-    existing = _lookup(request, "create", alias, path, lock=True)
-    if existing is not None:
-        if existing.deleted_at is not None:
-            raise Refused(409, f"the stream at {path!r} was deleted while forks of it remain; its path stays taken")
-        same = (
-            media_type(existing.content_type) == media_type(content_type)
-            and existing.ttl == ttl
-            and existing.expires_at == expires_at
-            and existing.is_closed == closed
-            and _same_fork(existing, source, fork)
-        )
-        if not same:
-            raise Refused(409, f"a stream exists at {path!r} with another configuration")
-        return State.of(existing), False
-
-    user = getattr(request, "user", None)
-    stream = Stream(
-        path=path,
-        label=path[:200],
-        content_type=content_type,
-        ttl=ttl,
-        expires_at=expires_at,
-        used_at=Now(),  # the database's clock, which judges expiry
-        owner=user if user is not None and user.is_authenticated else None,
-    )
-    items: list[str | bytes] = []
-    if source is not None and fork is not None:
-        stream.forked_from = source
-        stream.fork_offset = source.next_offset if fork.offset is None else fork.offset
-        stream.fork_sub_offset = fork.sub_offset
-        inherited, part = _fork_point(alias, source, stream.fork_offset, fork.sub_offset)
-        items = [part] if part is not None else []
-    else:
-        inherited = 0
-    items += body_chunks(stream, body, appending=False)
-    # The insert waits on the path's index for another transaction making a stream there: at
-    # most LOCK_WAIT, then Busy; once that one commits, create() compares with its stream.
-    with pgstreams_cursor(alias) as cursor:
-        _bound_lock_waits(cursor)
-    with _busy_if_held(path):
-        stream.save(using=alias, force_insert=True)
-    if inherited:
-        with connections[alias].cursor() as cursor:
-            cursor.execute(
-                'INSERT INTO pgstreams_chunk (stream_id, "offset", data, blob, created_at)'
-                ' SELECT %s, "offset", data, blob, created_at FROM pgstreams_chunk'
-                ' WHERE stream_id = %s AND "offset" < %s',
-                [stream.id, stream.forked_from_id, inherited],
-            )
-    if items or inherited or closed:  # else the row just inserted says it all
-        _append_chunks(alias, stream, inherited, items, closing=closed)
-    return State.of(stream), True
-
-
-def _same_fork(existing: Stream, source: Stream | None, fork: Fork | None) -> bool:
-    if fork is None or source is None:
-        return existing.forked_from_id is None and existing.fork_offset is None
-    return (
-        existing.forked_from_id == source.id
-        and (fork.offset is None or fork.offset == existing.fork_offset)
-        and fork.sub_offset == existing.fork_sub_offset
-    )
-
-
-def _fork_point(alias: str, source: Stream, offset: int, sub_offset: int) -> tuple[int, str | bytes | None]:
-    """How many of the source's chunks a fork at (offset, sub_offset) copies, and the part of the
-    next one it takes (None: none). For JSON streams the sub-offset counts messages (chunks);
-    for others, bytes of the chunk at ``offset``."""
-    if offset > source.next_offset:
-        raise Refused(400, f"Stream-Fork-Offset is past the source's tail {wire.format_offset(source.next_offset)}")
-    if sub_offset == 0:
-        return offset, None
-    if offset >= source.next_offset:
-        raise Refused(400, "Stream-Fork-Sub-Offset points past the source's data")
-    if media_type(source.content_type) == "application/json":
-        if offset + sub_offset > source.next_offset:
-            raise Refused(400, f"Stream-Fork-Sub-Offset {sub_offset} is past the source's last message")
-        return offset + sub_offset, None
-    with connections[alias].cursor() as cursor:
-        cursor.execute(
-            'SELECT data, blob FROM pgstreams_chunk WHERE stream_id = %s AND "offset" = %s', [source.id, offset]
-        )
-        row = cursor.fetchone()
-    if row is None:
-        raise Refused(400, "Stream-Fork-Offset names a chunk that is no longer held")
-    whole = row[0].encode() if row[0] is not None else bytes(row[1])
-    if sub_offset > len(whole):
-        raise Refused(400, f"Stream-Fork-Sub-Offset {sub_offset} is past the end of that append ({len(whole)} bytes)")
-    if row[0] is None:
-        return offset, whole[:sub_offset]
-    try:
-        return offset, whole[:sub_offset].decode()
-    except UnicodeDecodeError:
-        raise Refused(400, f"Stream-Fork-Sub-Offset {sub_offset} falls inside a UTF-8 character") from None
+        _remove(alias, _existing(path, lookup(request, "delete", alias, path, lock=True)))
 
 
 def body_chunks(stream: Stream, body: bytes, *, appending: bool) -> list[str | bytes]:
@@ -560,45 +407,6 @@ def body_chunks(stream: Stream, body: bytes, *, appending: bool) -> list[str | b
     return list(wire.pieces(data, limit))
 
 
-# A request's chunks and the stream row's move, in one statement.
-_APPEND_SQL = """
-WITH moved AS (
-    UPDATE pgstreams_stream SET next_offset = %(end)s, writer_seq = %(seq)s, used_at = clock_timestamp(),
-        closed_at = CASE WHEN %(closing)s THEN coalesce(closed_at, now()) ELSE closed_at END
-    WHERE id = %(id)s RETURNING closed_at
-), written AS (
-    INSERT INTO pgstreams_chunk (stream_id, "offset", data, blob, created_at)
-    SELECT %(id)s, %(start)s + t.i - 1, t.data, t.blob, now()
-    FROM unnest(%(texts)s::text[], %(blobs)s::bytea[]) WITH ORDINALITY AS t(data, blob, i)
-)
-SELECT closed_at FROM moved
-"""
-
-
-def _append_chunks(alias: str, stream: Stream, start: int, items: list[str | bytes], *, closing: bool) -> None:
-    """Insert ``items`` from offset ``start`` and move the stream's row to match, closing it if
-    asked; announced once the transaction commits."""
-    params = {
-        "id": stream.id,
-        "start": start,
-        "end": start + len(items),
-        "seq": stream.writer_seq,
-        "closing": closing,
-        "texts": [item if isinstance(item, str) else None for item in items],
-        "blobs": [item if isinstance(item, bytes) else None for item in items],
-    }
-    with pgstreams_cursor(alias) as cursor:
-        cursor.execute(_APPEND_SQL, params)
-        (stream.closed_at,) = cursor.fetchone()
-    stream.next_offset = start + len(items)
-    mark = Mark(stream.id, stream.next_offset, stream.is_closed)
-    mode = conf.notify_mode()
-    if mode == "per_write":  # in the transaction, as write() sends it in this mode
-        with connections[alias].cursor() as cursor:
-            cursor.execute("SELECT pg_notify(%s, %s)", [conf.channel(), notify.encode(mark)])
-    after_commit(alias, mode, mark, len(items))
-
-
 def find(
     request: Any, path: str, body: bytes, *, closing: bool, known: Stream | None = None
 ) -> tuple[Stream, list[str | bytes] | Refused | None]:
@@ -611,7 +419,7 @@ def find(
     action = post_action(body, closing=closing)
     stream = known if known is not None and allowed(request, action, path, known) else None
     if stream is None:
-        stream = _existing(path, _lookup(request, action, conf.database(), path))
+        stream = _existing(path, lookup(request, action, conf.database(), path))
     if closing and body:
         authorize(request, "close", path, stream)  # an append that closes needs both
     return stream, post_chunks(stream, body)

@@ -31,7 +31,7 @@ from .. import conf, db, delivery, leases, metrics, threads
 from ..exceptions import ChunksPruned, ReadTimeout, StreamNotFound
 from ..reader import afollow
 from ..types import StreamChunk
-from . import appends, store, wire
+from . import appends, creates, store, wire
 from .wire import Refused
 
 # An SSE response ends after about this many seconds (the protocol asks for about a minute, so
@@ -61,7 +61,7 @@ _CACHEABLE = "private, max-age=60, stale-while-revalidate=300"
 # Creates and deletes may wait on a stream's row lock: on threads of their own, so that reads never
 # wait for a thread behind them, and for a short while only (``_write``). Appends hold no thread
 # while they wait for their batch (``appends``).
-_create = threads.durable_writes.wrap(store.create)
+_create = threads.durable_writes.wrap(creates.create)
 _delete = threads.durable_writes.wrap(store.delete)
 _head = threads.durable.wrap(store.head)
 _read = threads.durable.wrap(store.read)
@@ -187,7 +187,7 @@ def _body(request: HttpRequest) -> bytes:
         raise too_big from None
 
 
-def _fork(request: HttpRequest) -> store.Fork | None:
+def _fork(request: HttpRequest) -> creates.Fork | None:
     source = request.headers.get("Stream-Forked-From")
     offset = request.headers.get("Stream-Fork-Offset")
     sub_offset = request.headers.get("Stream-Fork-Sub-Offset")
@@ -199,7 +199,7 @@ def _fork(request: HttpRequest) -> store.Fork | None:
     if sub and offset is None:
         raise Refused(400, "Stream-Fork-Sub-Offset needs Stream-Fork-Offset")
     at = None if offset is None else wire.parse_offset(offset, "Stream-Fork-Offset")
-    return store.Fork(_source_path(request, source), at, sub)
+    return creates.Fork(_source_path(request, source), at, sub)
 
 
 def endpoint_root() -> str:
@@ -225,7 +225,7 @@ def _source_path(request: HttpRequest, value: str) -> str:
 
 async def _put(request: HttpRequest, name: str) -> HttpResponse:
     ttl, expires_at = wire.expiry(request.headers.get("Stream-TTL"), request.headers.get("Stream-Expires-At"))
-    wanted = store.Wanted(
+    wanted = creates.Wanted(
         content_type=wire.content_type(request.headers.get("Content-Type")),
         ttl=ttl,
         expires_at=expires_at,

@@ -1,0 +1,259 @@
+"""The Durable Streams PUT: create a stream (or a fork of one) at a path, or find one already
+there with the same configuration (200) or another (409), with the request's authorization asked
+first (``store.allowed``, about None when the path holds no stream).
+
+A plain create (no fork, no body, not closed: what clients send before their appends) whose rule
+allows it is one statement in its own transaction: the insert, bounded by LOCK_WAIT while another
+transaction makes a stream at the same path, and skipped when the path is taken (then the create
+is done the long way, as below). Any other create runs in one transaction: the lookup (and the
+fork's source, locked), the comparison with a stream already there, the insert, the fork's
+inherited chunks and the body's. Synchronous, on pgstreams' threads, and free of HTTP.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from django.db import IntegrityError, connections, transaction
+from django.db.models.functions import Now
+
+from .. import conf, notify
+from ..models import Stream, media_type
+from ..types import Mark
+from ..writer import after_commit, pgstreams_cursor
+from . import wire
+from .store import LOCK_WAIT, State, allowed, body_chunks, bound_lock_waits, busy_if_held, lookup
+from .wire import Refused
+
+
+@dataclass(frozen=True, slots=True)
+class Fork:
+    """A PUT's fork headers: the source's path, and where the fork leaves it."""
+
+    source: str
+    offset: int | None
+    sub_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Wanted:
+    """What a PUT asks of the stream at its path: a stream created so, or one already so."""
+
+    content_type: str | None  # None: the default, or a fork's source's
+    ttl: int | None
+    expires_at: datetime.datetime | None
+    closed: bool
+    fork: Fork | None
+
+
+def create(request: Any, path: str, wanted: Wanted, body: bytes) -> tuple[State, bool]:
+    """PUT: create the stream (or fork), or find it already there with the same configuration.
+    Returns its state and whether it was created."""
+    alias = conf.database()
+    state = _plain(request, alias, path, wanted, body)
+    if state is not None:
+        return state, True
+    attempt = partial(_create, request, alias, path, wanted, body)
+    try:
+        with transaction.atomic(using=alias):
+            return attempt()
+    except IntegrityError:  # another request created it first: compare with that one
+        with transaction.atomic(using=alias):
+            return attempt()
+
+
+def _create(request: Any, alias: str, path: str, wanted: Wanted, body: bytes) -> tuple[State, bool]:
+    content_type, ttl, expires_at, closed, fork = (
+        wanted.content_type,
+        wanted.ttl,
+        wanted.expires_at,
+        wanted.closed,
+        wanted.fork,
+    )
+    source = None
+    if fork is not None:
+        source = lookup(request, "read", alias, fork.source, lock=True)
+        if source is None:
+            raise Refused(404, f"no stream at {fork.source!r} to fork")
+        if source.deleted_at is not None:
+            raise Refused(409, f"the stream at {fork.source!r} was deleted; it cannot be forked")
+        if content_type is None:
+            content_type = source.content_type
+        elif media_type(content_type) != media_type(source.content_type):
+            raise Refused(409, f"a fork has its source's content type, {source.content_type}")
+        if ttl is None and expires_at is None:
+            ttl, expires_at = source.ttl, source.expires_at
+    content_type = content_type or wire.DEFAULT_CONTENT_TYPE
+
+    existing = lookup(request, "create", alias, path, lock=True)
+    if existing is not None:
+        if existing.deleted_at is not None:
+            raise Refused(409, f"the stream at {path!r} was deleted while forks of it remain; its path stays taken")
+        same = (
+            media_type(existing.content_type) == media_type(content_type)
+            and existing.ttl == ttl
+            and existing.expires_at == expires_at
+            and existing.is_closed == closed
+            and _same_fork(existing, source, fork)
+        )
+        if not same:
+            raise Refused(409, f"a stream exists at {path!r} with another configuration")
+        return State.of(existing), False
+
+    stream = _new(request, path, content_type, ttl, expires_at)
+    items: list[str | bytes] = []
+    if source is not None and fork is not None:
+        stream.forked_from = source
+        stream.fork_offset = source.next_offset if fork.offset is None else fork.offset
+        stream.fork_sub_offset = fork.sub_offset
+        inherited, part = _fork_point(alias, source, stream.fork_offset, fork.sub_offset)
+        items = [part] if part is not None else []
+    else:
+        inherited = 0
+    items += body_chunks(stream, body, appending=False)
+    # The insert waits on the path's index for another transaction making a stream there: at
+    # most LOCK_WAIT, then Busy; once that one commits, create() compares with its stream.
+    with pgstreams_cursor(alias) as cursor:
+        bound_lock_waits(cursor)
+    with busy_if_held(path):
+        stream.save(using=alias, force_insert=True)
+    if inherited:
+        with connections[alias].cursor() as cursor:
+            cursor.execute(
+                'INSERT INTO pgstreams_chunk (stream_id, "offset", data, blob, created_at)'
+                ' SELECT %s, "offset", data, blob, created_at FROM pgstreams_chunk'
+                ' WHERE stream_id = %s AND "offset" < %s',
+                [stream.id, stream.forked_from_id, inherited],
+            )
+    if items or inherited or closed:  # else the row just inserted says it all
+        _append_chunks(alias, stream, inherited, items, closing=closed)
+    return State.of(stream), True
+
+
+def _same_fork(existing: Stream, source: Stream | None, fork: Fork | None) -> bool:
+    if fork is None or source is None:
+        return existing.forked_from_id is None and existing.fork_offset is None
+    return (
+        existing.forked_from_id == source.id
+        and (fork.offset is None or fork.offset == existing.fork_offset)
+        and fork.sub_offset == existing.fork_sub_offset
+    )
+
+
+def _fork_point(alias: str, source: Stream, offset: int, sub_offset: int) -> tuple[int, str | bytes | None]:
+    """How many of the source's chunks a fork at (offset, sub_offset) copies, and the part of the
+    next one it takes (None: none). For JSON streams the sub-offset counts messages (chunks);
+    for others, bytes of the chunk at ``offset``."""
+    if offset > source.next_offset:
+        raise Refused(400, f"Stream-Fork-Offset is past the source's tail {wire.format_offset(source.next_offset)}")
+    if sub_offset == 0:
+        return offset, None
+    if offset >= source.next_offset:
+        raise Refused(400, "Stream-Fork-Sub-Offset points past the source's data")
+    if media_type(source.content_type) == "application/json":
+        if offset + sub_offset > source.next_offset:
+            raise Refused(400, f"Stream-Fork-Sub-Offset {sub_offset} is past the source's last message")
+        return offset + sub_offset, None
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            'SELECT data, blob FROM pgstreams_chunk WHERE stream_id = %s AND "offset" = %s', [source.id, offset]
+        )
+        row = cursor.fetchone()
+    if row is None:
+        raise Refused(400, "Stream-Fork-Offset names a chunk that is no longer held")
+    whole = row[0].encode() if row[0] is not None else bytes(row[1])
+    if sub_offset > len(whole):
+        raise Refused(400, f"Stream-Fork-Sub-Offset {sub_offset} is past the end of that append ({len(whole)} bytes)")
+    if row[0] is None:
+        return offset, whole[:sub_offset]
+    try:
+        return offset, whole[:sub_offset].decode()
+    except UnicodeDecodeError:
+        raise Refused(400, f"Stream-Fork-Sub-Offset {sub_offset} falls inside a UTF-8 character") from None
+
+
+# A plain create as one statement: the row as Django would insert it (its fields' defaults and
+# conversions), used_at by the database's clock, and the lock wait bounded before the insert
+# (set_config's third argument: for this statement's transaction only).
+_FIELDS = [field for field in Stream._meta.concrete_fields if field.attname != "used_at"]
+_INSERT_SQL = (
+    "INSERT INTO pgstreams_stream ({columns}, used_at) SELECT {values}, statement_timestamp()"
+    " FROM (SELECT set_config('lock_timeout', %s, true)) AS bounded"
+    " ON CONFLICT (path) WHERE path IS NOT NULL DO NOTHING RETURNING 1"
+).format(
+    columns=", ".join(f'"{field.column}"' for field in _FIELDS),  # constants: the model's own columns
+    values=", ".join("%s" for _ in _FIELDS),
+)
+
+
+def _plain(request: Any, alias: str, path: str, wanted: Wanted, body: bytes) -> State | None:
+    """A plain create in one statement: the new stream's state, or None when the create is not
+    plain, the rule refuses a create where there is none, or the path is taken (by a stream, a
+    tombstone or an expired stream): the long way then looks and answers."""
+    if wanted.fork is not None or wanted.closed or body or connections[alias].in_atomic_block:
+        return None
+    if not allowed(request, "create", path, None):
+        return None  # the rule may allow it of the stream there, if any: looked up the long way
+    stream = _new(request, path, wanted.content_type or wire.DEFAULT_CONTENT_TYPE, wanted.ttl, wanted.expires_at)
+    connection = connections[alias]
+    values = [field.get_db_prep_save(field.pre_save(stream, True), connection) for field in _FIELDS]
+    with pgstreams_cursor(alias) as cursor, busy_if_held(path):
+        cursor.execute(_INSERT_SQL, [*values, f"{int(LOCK_WAIT * 1000)}ms"])
+        inserted = cursor.fetchone() is not None
+    return State.of(stream) if inserted else None
+
+
+def _new(request: Any, path: str, content_type: str, ttl: int | None, expires_at: Any) -> Stream:
+    """The stream a create makes at ``path``, owned by the signed-in user who makes it."""
+    user = getattr(request, "user", None)
+    return Stream(
+        path=path,
+        label=path[:200],
+        content_type=content_type,
+        ttl=ttl,
+        expires_at=expires_at,
+        used_at=Now(),  # the database's clock, which judges expiry
+        owner=user if user is not None and user.is_authenticated else None,
+    )
+
+
+# A request's chunks and the stream row's move, in one statement.
+_APPEND_SQL = """
+WITH moved AS (
+    UPDATE pgstreams_stream SET next_offset = %(end)s, writer_seq = %(seq)s, used_at = clock_timestamp(),
+        closed_at = CASE WHEN %(closing)s THEN coalesce(closed_at, now()) ELSE closed_at END
+    WHERE id = %(id)s RETURNING closed_at
+), written AS (
+    INSERT INTO pgstreams_chunk (stream_id, "offset", data, blob, created_at)
+    SELECT %(id)s, %(start)s + t.i - 1, t.data, t.blob, now()
+    FROM unnest(%(texts)s::text[], %(blobs)s::bytea[]) WITH ORDINALITY AS t(data, blob, i)
+)
+SELECT closed_at FROM moved
+"""
+
+
+def _append_chunks(alias: str, stream: Stream, start: int, items: list[str | bytes], *, closing: bool) -> None:
+    """Insert ``items`` from offset ``start`` and move the stream's row to match, closing it if
+    asked; announced once the transaction commits."""
+    params = {
+        "id": stream.id,
+        "start": start,
+        "end": start + len(items),
+        "seq": stream.writer_seq,
+        "closing": closing,
+        "texts": [item if isinstance(item, str) else None for item in items],
+        "blobs": [item if isinstance(item, bytes) else None for item in items],
+    }
+    with pgstreams_cursor(alias) as cursor:
+        cursor.execute(_APPEND_SQL, params)
+        (stream.closed_at,) = cursor.fetchone()
+    stream.next_offset = start + len(items)
+    mark = Mark(stream.id, stream.next_offset, stream.is_closed)
+    mode = conf.notify_mode()
+    if mode == "per_write":  # in the transaction, as write() sends it in this mode
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, %s)", [conf.channel(), notify.encode(mark)])
+    after_commit(alias, mode, mark, len(items))
