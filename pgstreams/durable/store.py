@@ -4,8 +4,9 @@ commits, in batches) or a create (``creates``), with the request's authorization
 (``PGSTREAMS['DURABLE_AUTHORIZE']``) asked before anything about the stream is told (a missing
 stream is asked about as None).
 
-Synchronous (the views run it on pgstreams' threads) and free of HTTP: a request the protocol
-refuses raises ``wire.Refused``. Live reads wait on the listener in the views, not here.
+Synchronous (the views run it on pgstreams' threads; ``aallowed`` asks an ``async def`` rule on
+the event loop) and free of HTTP: a request the protocol refuses raises ``wire.Refused``. Live
+reads wait on the listener in the views, not here.
 
 Expiry is applied when a stream is looked up: an expired stream is removed there and then, and
 the request sees no stream. A stream deleted while forks of it remain is kept as a tombstone that
