@@ -23,6 +23,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db import connection, transaction
+from django.db.models.signals import post_save, pre_save
 from django.test import AsyncClient, Client, override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -223,6 +224,34 @@ def test_a_plain_create_is_one_statement_and_a_taken_path_or_a_body_goes_the_lon
     assert len(again) > 1 and len(with_body) > 1
     assert found[0] == created[0] and remade[0].id != created[0].id
     assert list(Chunk.objects.filter(stream_id=filled[0].id).values_list("data", flat=True)) == ["hello"]
+
+
+def test_a_plain_create_sends_post_save_and_a_pre_save_receiver_still_shapes_the_row() -> None:
+    """Django's signals for a stream's creation come with a plain create as with the ORM's save:
+    post_save once, created=True; a pre_save receiver's change to the row is kept."""
+    request = SimpleNamespace(user=None)
+    plain = creates.Wanted(content_type="text/plain", ttl=None, expires_at=None, closed=False, fork=None)
+    saved = []
+
+    def on_post_save(sender, instance, created, using, **kwargs) -> None:
+        saved.append((instance.path, created, using))
+
+    def on_pre_save(sender, instance, **kwargs) -> None:
+        instance.label = "labelled by pre_save"
+
+    post_save.connect(on_post_save, sender=Stream)
+    try:
+        with OPEN:
+            creates.create(request, "signalled", plain, b"")
+            pre_save.connect(on_pre_save, sender=Stream)
+            try:
+                creates.create(request, "labelled", plain, b"")
+            finally:
+                pre_save.disconnect(on_pre_save, sender=Stream)
+    finally:
+        post_save.disconnect(on_post_save, sender=Stream)
+    assert saved == [("signalled", True, "default"), ("labelled", True, "default")]
+    assert Stream.objects.get(path="labelled").label == "labelled by pre_save"
 
 
 def test_waiting_long_polls_hold_no_database_connection() -> None:

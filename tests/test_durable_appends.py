@@ -184,6 +184,27 @@ async def test_an_async_rule_is_awaited_and_an_owners_small_appends_to_a_remembe
     assert await stored("owned") == ["a", "b", "c", large]
 
 
+class RefusesWritesAsynchronously:
+    """A rule whose ``__call__`` is ``async def``: a coroutine function to no check of the
+    callable itself, whose answer must still be awaited, not taken as true."""
+
+    async def __call__(self, request, action: str, path: str, stream) -> bool:
+        return action in ("create", "read")
+
+
+refuses_writes_asynchronously = RefusesWritesAsynchronously()
+
+
+async def test_a_rule_object_with_an_async_call_is_awaited_and_its_refusal_kept() -> None:
+    client = AsyncClient()
+    with override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": "tests.test_durable_appends.refuses_writes_asynchronously"}):
+        created = await client.put(url("guarded"), headers={"Content-Type": "text/plain"})
+        answers = [await post(client, "guarded", body) for body in ("a", "b")]
+    assert created.status_code == 201
+    assert [a.status_code for a in answers] == [403, 403]
+    assert await stored("guarded") == []
+
+
 async def test_a_fork_and_its_source_each_get_their_own_appends_and_a_deleted_source_answers_410() -> None:
     client = AsyncClient()
     with override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": EVERYONE}):

@@ -3,7 +3,8 @@ there with the same configuration (200) or another (409), with the request's aut
 first (``store.allowed``, about None when the path holds no stream).
 
 A plain create (no fork, no body, not closed: what clients send before their appends) whose rule
-allows it is one statement in its own transaction: the insert, bounded by LOCK_WAIT while another
+allows it is one statement in its own transaction, then Django's ``post_save`` (with a
+``pre_save`` receiver for ``Stream``, the ORM's save makes it instead): the insert, bounded by LOCK_WAIT while another
 transaction makes a stream at the same path, and skipped when the path is taken (then the create
 is done the long way, as below). Any other create runs in one transaction: the lookup (and the
 fork's source, locked), the comparison with a stream already there, the insert, the fork's
@@ -19,6 +20,7 @@ from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 from django.db.models.functions import Now
+from django.db.models.signals import post_save, pre_save
 
 from .. import conf, notify
 from ..models import Stream, media_type
@@ -195,6 +197,8 @@ def _plain(request: Any, alias: str, path: str, wanted: Wanted, body: bytes) -> 
     tombstone or an expired stream): the long way then looks and answers."""
     if wanted.fork is not None or wanted.closed or body or connections[alias].in_atomic_block:
         return None
+    if pre_save.has_listeners(Stream):
+        return None  # a project's receiver may change the row: the ORM's save runs it
     if not allowed(request, "create", path, None):
         return None  # the rule may allow it of the stream there, if any: looked up the long way
     stream = _new(request, path, wanted.content_type or wire.DEFAULT_CONTENT_TYPE, wanted.ttl, wanted.expires_at)
@@ -202,8 +206,11 @@ def _plain(request: Any, alias: str, path: str, wanted: Wanted, body: bytes) -> 
     values = [field.get_db_prep_save(field.pre_save(stream, True), connection) for field in _FIELDS]
     with pgstreams_cursor(alias) as cursor, busy_if_held(path):
         cursor.execute(_INSERT_SQL, [*values, f"{int(LOCK_WAIT * 1000)}ms"])
-        inserted = cursor.fetchone() is not None
-    return State.of(stream) if inserted else None
+        if cursor.fetchone() is None:
+            return None
+    stream._state.adding, stream._state.db = False, alias
+    post_save.send(sender=Stream, instance=stream, created=True, update_fields=None, raw=False, using=alias)
+    return State.of(stream)
 
 
 def _new(request: Any, path: str, content_type: str, ttl: int | None, expires_at: Any) -> Stream:

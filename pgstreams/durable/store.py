@@ -17,6 +17,7 @@ keeps no chunks, and it goes with its last fork.
 from __future__ import annotations
 
 import datetime
+import inspect
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal
 
-from asgiref.sync import async_to_sync, iscoroutinefunction
+from asgiref.sync import async_to_sync
 from django.db import OperationalError, connections, transaction
 
 from .. import conf, leases
@@ -127,16 +128,18 @@ def allowed(request: Any, action: Action, path: str, stream: Stream | None) -> b
     """Whether DURABLE_AUTHORIZE lets the request ``action`` the stream. A rule that raises
     refuses, and is logged: its answer must not depend on whether the stream exists. An
     ``async def`` rule runs on the event loop that handed this thread the request."""
-    rule = conf.durable_authorize()
     try:
-        return bool(
-            async_to_sync(rule)(request, action, path, stream)
-            if iscoroutinefunction(rule)
-            else rule(request, action, path, stream)
-        )
+        answer = conf.durable_authorize()(request, action, path, stream)
+        if inspect.isawaitable(answer):  # an async def rule, or an object whose __call__ is one
+            answer = async_to_sync(_awaited)(answer)
+        return bool(answer)
     except Exception:
         logger.exception("pgstreams: DURABLE_AUTHORIZE raised for %s %r; the request is refused", action, path)
         return False
+
+
+async def _awaited(answer: Awaitable[bool]) -> bool:
+    return await answer
 
 
 async def aallowed(
