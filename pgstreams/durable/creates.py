@@ -192,9 +192,10 @@ _INSERT_SQL = (
 
 
 def _plain(request: Any, alias: str, path: str, wanted: Wanted, body: bytes) -> State | None:
-    """A plain create in one statement: the new stream's state, or None when the create is not
-    plain, the rule refuses a create where there is none, or the path is taken (by a stream, a
-    tombstone or an expired stream): the long way then looks and answers."""
+    """A plain create in one statement, then ``post_save``: the new stream's state, or None when
+    the create is not plain, a ``pre_save`` receiver for Stream is connected, the rule refuses a
+    create where there is none, or the path is taken (by a stream, a tombstone or an expired
+    stream): the long way then looks and answers."""
     if wanted.fork is not None or wanted.closed or body or connections[alias].in_atomic_block:
         return None
     if pre_save.has_listeners(Stream):

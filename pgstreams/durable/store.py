@@ -134,8 +134,7 @@ def allowed(request: Any, action: Action, path: str, stream: Stream | None) -> b
             answer = async_to_sync(_awaited)(answer)
         return bool(answer)
     except Exception:
-        logger.exception("pgstreams: DURABLE_AUTHORIZE raised for %s %r; the request is refused", action, path)
-        return False
+        return _raised(action, path)
 
 
 async def _awaited(answer: Awaitable[bool]) -> bool:
@@ -149,8 +148,13 @@ async def aallowed(
     try:
         return bool(await rule(request, action, path, stream))
     except Exception:
-        logger.exception("pgstreams: DURABLE_AUTHORIZE raised for %s %r; the request is refused", action, path)
-        return False
+        return _raised(action, path)
+
+
+def _raised(action: Action, path: str) -> bool:
+    """A rule that raised refuses: logged, with the exception being handled."""
+    logger.exception("pgstreams: DURABLE_AUTHORIZE raised for %s %r; the request is refused", action, path)
+    return False
 
 
 def refusal(action: Action, path: str) -> Refused:
