@@ -6,9 +6,11 @@ item's own kind adds), and everything accepted written in one statement: the chu
 streams' rows, the producers' states. Each item's result is made once the offsets are known.
 
 The items are what the callers hand the appender: ``Append`` for ``append()``/``aappend()`` and
-stream writers, the Durable Streams endpoint's own for HTTP appends. No threads, no queue and no
-retries here (``appender``), and no resolution of a commit that got no answer
-(``resolution``).
+stream writers, the Durable Streams endpoint's own for HTTP appends, and ``Insert``s, which make
+new streams (the endpoint's plain creates): each its own statement, all of them in one round
+trip after the writes, in a savepoint of their own so that one that cannot go in (its lock wait
+too long) costs the batch's appends nothing. No threads, no queue and no retries here
+(``appender``), and no resolution of a commit that got no answer (``resolution``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import asyncio
 import concurrent.futures
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 import psycopg
 
@@ -209,6 +211,20 @@ class Append(Item):
         return first
 
 
+@dataclass(slots=True, eq=False)
+class Insert(Item):
+    """An item that makes a new stream (``stream_id`` its id) instead of writing to one: its row's
+    ``values``, for its class's ``INSERT_SQL`` (one row, ``ON CONFLICT DO NOTHING RETURNING id``),
+    which the batch runs with its other inserts, each waiting at most its class's ``LOCK_WAIT``
+    seconds for another transaction (one making a stream at the same path). Its result says
+    whether the row went in: False when its path was taken, or when the batch's inserts could not
+    be made (then none of them was), for its caller to make it another way."""
+
+    INSERT_SQL: ClassVar[str]
+    LOCK_WAIT: ClassVar[float]
+    values: list[Any] = field(default_factory=list)
+
+
 # In ``Outcome.results``: the item waits for a later batch (its stream is held).
 DEFERRED: Final = object()
 
@@ -236,8 +252,11 @@ def run(
 ) -> Outcome:
     """Judge and write ``items`` in the transaction open on ``conn``; the caller commits. Items
     of the streams in ``held`` are deferred, as those of streams another transaction holds."""
-    ids = list({item.stream_id: None for item in items})
-    rows = {row[0]: Row(*row) for row in conn.execute(LOCK_SQL, [ids], prepare=prepare).fetchall()}
+    inserts = [item for item in items if isinstance(item, Insert)]
+    ids = list({item.stream_id: None for item in items if not isinstance(item, Insert)})
+    rows: dict[uuid.UUID, Row] = {}
+    if ids:
+        rows = {row[0]: Row(*row) for row in conn.execute(LOCK_SQL, [ids], prepare=prepare).fetchall()}
     if len(rows) < len(ids):
         missing = [sid for sid in ids if sid not in rows]
         held = held | {sid for (sid,) in conn.execute(EXISTS_SQL, [missing]).fetchall()}
@@ -248,6 +267,9 @@ def run(
     broken: dict[Chain, BaseException] = {}
     for i, item in enumerate(items):
         chain, sid = item.chain, item.stream_id
+        if inserts and isinstance(item, Insert):
+            results.append(None)  # made below, after the writes
+            continue
         if chain is not None and chain in broken:
             cause = broken[chain]
             results.append(error(StreamError, f"an earlier chunk of this writer failed: {cause}", cause))
@@ -281,7 +303,39 @@ def run(
         outcome.written = sum(len(verdict.chunks) for _, _, verdict, _ in accepted)
     for i, row, verdict, first in accepted:
         results[i] = items[i].result(row, first, verdict)
+    if inserts:
+        made = _insert(conn, inserts)
+        for i, item in enumerate(items):
+            if isinstance(item, Insert):
+                results[i] = item.stream_id in made
     return outcome
+
+
+def _insert(conn: psycopg.Connection[Any], inserts: list[Insert]) -> set[uuid.UUID]:
+    """Run ``inserts`` (of one class) in one round trip, in a savepoint with lock waits bounded by
+    their ``LOCK_WAIT``: the ids of those that went in; none, with nothing of them kept, if any
+    failed (the rest of the transaction goes on as if they had not been tried)."""
+    try:
+        with conn.cursor() as cursor:
+            with conn.pipeline():
+                conn.execute("SAVEPOINT pgstreams_inserts")
+                kind = type(inserts[0])
+                conn.execute(f"SET LOCAL lock_timeout = '{int(kind.LOCK_WAIT * 1000)}ms'")  # the code's constant
+                cursor.executemany(kind.INSERT_SQL, [item.values for item in inserts], returning=True)
+                conn.execute("RELEASE SAVEPOINT pgstreams_inserts")
+                conn.execute("SET LOCAL lock_timeout TO DEFAULT")
+            made = set()  # from the inserts' results, one set each
+            while True:
+                if (row := cursor.fetchone()) is not None:
+                    made.add(row[0])
+                if not cursor.nextset():
+                    return made
+    except psycopg.Error:
+        if conn.broken:
+            raise
+        conn.execute("ROLLBACK TO SAVEPOINT pgstreams_inserts")  # and the lock_timeout set after it
+        conn.execute("RELEASE SAVEPOINT pgstreams_inserts")
+        return set()
 
 
 def _producer_states(conn: psycopg.Connection[Any], items: list[Item], rows: dict[uuid.UUID, Row]) -> dict:

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import httpx
 import psycopg
@@ -23,15 +22,13 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db import connection, transaction
-from django.db.models.signals import post_save, pre_save
 from django.test import AsyncClient, Client, override_settings
-from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 import pgstreams
 from pgstreams import db
-from pgstreams.durable import creates, wire
-from pgstreams.models import Chunk, Stream
+from pgstreams.durable import wire
+from pgstreams.models import Stream
 from tests.conftest import serving
 from tests.helpers import ROOT, free_port, node_dir
 
@@ -201,57 +198,6 @@ async def test_a_create_where_another_transaction_is_creating_holds_no_thread_wh
         await holder.close()
     assert free.status_code == 201
     assert [a.status_code for a in answers] == [200] * 5 + [409]
-
-
-def test_a_plain_create_is_one_statement_and_a_taken_path_or_a_body_goes_the_long_way() -> None:
-    """A PUT with no body, fork or close, that the rule allows where there is no stream, is one
-    insert; a second PUT of the path finds it taken and compares the long way (200), as does a
-    PUT of an expired stream's path (which is removed, then made again); a PUT with a body makes
-    the stream and its chunks in one transaction."""
-    request = SimpleNamespace(user=None)
-    plain = creates.Wanted(content_type="text/plain", ttl=None, expires_at=None, closed=False, fork=None)
-    with OPEN:
-        with CaptureQueriesContext(connection) as first:
-            created = creates.create(request, "one/statement", plain, b"")
-        with CaptureQueriesContext(connection) as again:
-            found = creates.create(request, "one/statement", plain, b"")
-        with CaptureQueriesContext(connection) as with_body:
-            filled = creates.create(request, "with/body", plain, b"hello")
-        Stream.objects.filter(path="one/statement").update(ttl=1, used_at=timezone.now() - datetime.timedelta(hours=1))
-        remade = creates.create(request, "one/statement", plain, b"")
-    assert (created[1], found[1], filled[1], remade[1]) == (True, False, True, True)
-    assert len(first) == 1  # the insert
-    assert len(again) > 1 and len(with_body) > 1
-    assert found[0] == created[0] and remade[0].id != created[0].id
-    assert list(Chunk.objects.filter(stream_id=filled[0].id).values_list("data", flat=True)) == ["hello"]
-
-
-def test_a_plain_create_sends_post_save_and_a_pre_save_receiver_still_shapes_the_row() -> None:
-    """Django's signals for a stream's creation come with a plain create as with the ORM's save:
-    post_save once, created=True; a pre_save receiver's change to the row is kept."""
-    request = SimpleNamespace(user=None)
-    plain = creates.Wanted(content_type="text/plain", ttl=None, expires_at=None, closed=False, fork=None)
-    saved = []
-
-    def on_post_save(sender, instance, created, using, **kwargs) -> None:
-        saved.append((instance.path, created, using))
-
-    def on_pre_save(sender, instance, **kwargs) -> None:
-        instance.label = "labelled by pre_save"
-
-    post_save.connect(on_post_save, sender=Stream)
-    try:
-        with OPEN:
-            creates.create(request, "signalled", plain, b"")
-            pre_save.connect(on_pre_save, sender=Stream)
-            try:
-                creates.create(request, "labelled", plain, b"")
-            finally:
-                pre_save.disconnect(on_pre_save, sender=Stream)
-    finally:
-        post_save.disconnect(on_post_save, sender=Stream)
-    assert saved == [("signalled", True, "default"), ("labelled", True, "default")]
-    assert Stream.objects.get(path="labelled").label == "labelled by pre_save"
 
 
 def test_waiting_long_polls_hold_no_database_connection() -> None:

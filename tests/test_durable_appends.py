@@ -1,7 +1,8 @@
 """Durable Streams appends on the append path (``pgstreams.durable.appends``): requests that share
 a batch each answered as the protocol says, the paths a process remembers never leading a write
 astray (a path deleted and made again, an expired stream, an owner changed, a fork), a stream
-held by another transaction holding up only its own appends, and closes announced."""
+held by another transaction holding up only its own appends, and closes announced; plain creates
+in the same batches."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import psycopg
 import pytest
 from asgiref.sync import sync_to_async
 from django.contrib.auth import get_user_model
+from django.db.models.signals import post_save, pre_save
 from django.test import AsyncClient, override_settings
 from django.utils import timezone
 
@@ -203,6 +205,134 @@ async def test_a_rule_object_with_an_async_call_is_awaited_and_its_refusal_kept(
     assert created.status_code == 201
     assert [a.status_code for a in answers] == [403, 403]
     assert await stored("guarded") == []
+
+
+async def put(client: AsyncClient, path: str, content_type: str = "text/plain", body: str = ""):
+    if body:
+        return await client.put(url(path), body, content_type=content_type)
+    return await client.put(url(path), headers={"Content-Type": content_type})  # else none is sent
+
+
+async def test_plain_creates_share_a_batch_with_appends_and_a_taken_path_or_a_body_goes_the_long_way() -> None:
+    """PUTs with no body, fork or close are committed by the appender, in the batch of the appends
+    in flight; a taken path (a stream with the same or another configuration, an expired one)
+    writes nothing there and is answered the long way, as is a PUT with a body."""
+    client = AsyncClient()
+    with override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": EVERYONE}):
+        for path in ("h", "appended", "taken"):
+            await pgstreams.acreate_stream(path=path, content_type="text/plain")
+        expired = await pgstreams.acreate_stream(path="expired", content_type="text/plain")
+        an_hour_ago = timezone.now() - datetime.timedelta(hours=1)
+        await Stream.objects.filter(pk=expired.pk).aupdate(ttl=1, used_at=an_hour_ago)
+        requests = {
+            "new": put(client, "new/1"),
+            "another new": put(client, "new/2", "application/json"),
+            "the same again": put(client, "taken"),
+            "another configuration": put(client, "taken", "application/json"),
+            "an expired stream's path": put(client, "expired"),
+            "an append": post(client, "appended", "x"),
+        }
+        with appender_held() as held:
+            hold = asyncio.ensure_future(post(client, "h", "held"))
+            await held.waiting()
+            before = appender.appender(conf.database()).stats.snapshot()
+            answered = asyncio.gather(*requests.values())
+            await held.queued(len(requests))
+        assert (await hold).status_code == 204
+        answers = dict(zip(requests, await answered, strict=True))
+        batches = (appender.appender(conf.database()).stats - before).batches
+        with_body = await put(client, "with/body", body="hello")
+    statuses = {name: answer.status_code for name, answer in answers.items()}
+    print(f"{len(requests)} requests queued behind a held batch, committed in {batches - 1}: {statuses}")
+    assert statuses == {
+        "new": 201,
+        "another new": 201,
+        "the same again": 200,
+        "another configuration": 409,
+        "an expired stream's path": 201,
+        "an append": 204,
+    }
+    assert batches == 2  # the held one, and one for the six (then the taken paths the long way)
+    assert answers["new"]["Location"].endswith(url("new/1"))
+    assert (await Stream.objects.aget(path="new/2")).content_type == "application/json"
+    assert (await Stream.objects.aget(path="expired")).id != expired.id
+    assert with_body.status_code == 201, with_body.content
+    assert await stored("with/body") == ["hello"]
+    assert await stored("appended") == ["x"]
+
+
+async def test_a_plain_create_is_owned_by_the_signed_in_user_under_an_async_rule_and_a_plain_one() -> None:
+    user = await sync_to_async(get_user_model().objects.create_user)("maker")
+    client = AsyncClient()
+    await client.aforce_login(user)
+    for rule in ("owners_only_on_the_loop", "owners_only"):
+        with override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": f"tests.test_durable_appends.{rule}"}):
+            assert (await put(client, f"made/{rule}")).status_code == 201
+            assert (await post(client, f"made/{rule}", "mine")).status_code == 204
+    owners = [s.owner_id async for s in Stream.objects.filter(path__startswith="made/")]
+    assert owners == [user.id, user.id]
+
+
+async def test_a_plain_create_sends_post_save_and_a_pre_save_receiver_still_shapes_the_row() -> None:
+    """Django's signals for a stream's creation come with a plain create as with the ORM's save:
+    post_save once, created=True, on a thread (its receiver may query); a pre_save receiver's
+    change to the row is kept (the ORM's save makes it)."""
+    client = AsyncClient()
+    saved = []
+
+    def on_post_save(sender, instance, created, using, **kwargs) -> None:
+        saved.append((instance.path, created, using, Stream.objects.filter(pk=instance.pk).exists()))
+
+    def on_pre_save(sender, instance, **kwargs) -> None:
+        instance.label = "labelled by pre_save"
+
+    post_save.connect(on_post_save, sender=Stream)
+    try:
+        with override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": EVERYONE}):
+            assert (await put(client, "signalled")).status_code == 201
+            pre_save.connect(on_pre_save, sender=Stream)
+            try:
+                assert (await put(client, "labelled")).status_code == 201
+            finally:
+                pre_save.disconnect(on_pre_save, sender=Stream)
+    finally:
+        post_save.disconnect(on_post_save, sender=Stream)
+    assert saved == [("signalled", True, "default", True), ("labelled", True, "default", True)]
+    assert (await Stream.objects.aget(path="labelled")).label == "labelled by pre_save"
+
+
+async def test_a_plain_create_that_waits_on_another_transaction_costs_its_batch_mates_nothing() -> None:
+    """Another connection has inserted a stream at `busy` and not committed. The batch that tries
+    to create it there too waits at most LOCK_WAIT, then undoes its creates alone: the append in
+    the same batch commits, the create of a free path is made the long way, and the create at
+    `busy` compares with the other's stream once it commits."""
+    client = AsyncClient()
+    holder = await psycopg.AsyncConnection.connect(**db.connect_kwargs("default", "test-holder"))
+    await holder.execute("BEGIN")
+    await holder.execute(
+        "INSERT INTO pgstreams_stream (id, created_at, next_offset, label, metadata, path, content_type)"
+        " VALUES (gen_random_uuid(), now(), 0, '', '{}', 'busy', 'text/plain')"
+    )
+    try:
+        with override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": EVERYONE}):
+            for path in ("h", "a"):
+                await pgstreams.acreate_stream(path=path, content_type="text/plain")
+            with appender_held() as held:
+                hold = asyncio.ensure_future(post(client, "h", "held"))
+                await held.waiting()
+                busy = asyncio.ensure_future(put(client, "busy"))
+                batch_mates = asyncio.gather(put(client, "free"), post(client, "a", "x"))
+                await held.queued(3)
+            assert (await hold).status_code == 204
+            free, append = await asyncio.wait_for(batch_mates, 5)
+            assert not busy.done()  # still waiting on `busy`, holding no batch
+            await holder.execute("COMMIT")
+            waited = await asyncio.wait_for(busy, 10)
+    finally:
+        await holder.close()
+    assert (free.status_code, append.status_code, waited.status_code) == (201, 204, 200)
+    assert await stored("a") == ["x"]
+    assert await Stream.objects.filter(path__in=["busy", "free"]).acount() == 2
 
 
 async def test_a_fork_and_its_source_each_get_their_own_appends_and_a_deleted_source_answers_410() -> None:

@@ -3,31 +3,36 @@ there with the same configuration (200) or another (409), with the request's aut
 first (``store.allowed``, about None when the path holds no stream).
 
 A plain create (no fork, no body, not closed: what clients send before their appends) whose rule
-allows it is one statement in its own transaction, then Django's ``post_save`` (with a
-``pre_save`` receiver for ``Stream``, the ORM's save makes it instead): the insert, bounded by LOCK_WAIT while another
-transaction makes a stream at the same path, and skipped when the path is taken (then the create
-is done the long way, as below). Any other create runs in one transaction: the lookup (and the
-fork's source, locked), the comparison with a stream already there, the insert, the fork's
-inherited chunks and the body's. Synchronous, on pgstreams' threads, and free of HTTP.
+allows it is one insert, committed by the appender with the other appends and creates in flight
+in the process, while the request waits on the event loop (``plain``); then Django's
+``post_save`` (with a ``pre_save`` receiver for ``Stream``, the ORM's save makes it instead). The
+insert waits at most LOCK_WAIT for another transaction making a stream at the same path, and
+writes nothing when the path is taken: the create is then done the long way (``create``), on
+pgstreams' threads, in one transaction: the lookup (and the fork's source, locked), the
+comparison with a stream already there, the insert, the fork's inherited chunks and the body's.
+Free of HTTP.
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
+from asgiref.sync import iscoroutinefunction
 from django.db import IntegrityError, connections, transaction
 from django.db.models.functions import Now
 from django.db.models.signals import post_save, pre_save
 
-from .. import conf, notify
+from .. import appender, batch, conf, notify, threads
+from ..exceptions import StreamError
 from ..models import Stream, media_type
 from ..types import Mark
 from ..writer import after_commit, pgstreams_cursor
 from . import wire
-from .store import LOCK_WAIT, State, allowed, body_chunks, bound_lock_waits, busy_if_held, lookup
+from .store import LOCK_WAIT, State, aallowed, allowed, body_chunks, bound_lock_waits, busy_if_held, lookup
 from .wire import Refused
 
 
@@ -55,9 +60,6 @@ def create(request: Any, path: str, wanted: Wanted, body: bytes) -> tuple[State,
     """PUT: create the stream (or fork), or find it already there with the same configuration.
     Returns its state and whether it was created."""
     alias = conf.database()
-    state = _plain(request, alias, path, wanted, body)
-    if state is not None:
-        return state, True
     attempt = partial(_create, request, alias, path, wanted, body)
     try:
         with transaction.atomic(using=alias):
@@ -105,7 +107,7 @@ def _create(request: Any, alias: str, path: str, wanted: Wanted, body: bytes) ->
             raise Refused(409, f"a stream exists at {path!r} with another configuration")
         return State.of(existing), False
 
-    stream = _new(request, path, content_type, ttl, expires_at)
+    stream = _new(_owner(getattr(request, "user", None)), path, content_type, ttl, expires_at)
     items: list[str | bytes] = []
     if source is not None and fork is not None:
         stream.forked_from = source
@@ -177,46 +179,84 @@ def _fork_point(alias: str, source: Stream, offset: int, sub_offset: int) -> tup
         raise Refused(400, f"Stream-Fork-Sub-Offset {sub_offset} falls inside a UTF-8 character") from None
 
 
-# A plain create as one statement: the row as Django would insert it (its fields' defaults and
-# conversions), used_at by the database's clock, and the lock wait bounded before the insert
-# (set_config's third argument: for this statement's transaction only).
+# A plain create's row, as Django would insert it (its fields' defaults and conversions), with
+# used_at by the database's clock; nothing if the path is taken.
 _FIELDS = [field for field in Stream._meta.concrete_fields if field.attname != "used_at"]
 _INSERT_SQL = (
-    "INSERT INTO pgstreams_stream ({columns}, used_at) SELECT {values}, statement_timestamp()"
-    " FROM (SELECT set_config('lock_timeout', %s, true)) AS bounded"
-    " ON CONFLICT (path) WHERE path IS NOT NULL DO NOTHING RETURNING 1"
+    "INSERT INTO pgstreams_stream ({columns}, used_at) VALUES ({values}, statement_timestamp())"
+    " ON CONFLICT (path) WHERE path IS NOT NULL DO NOTHING RETURNING id"
 ).format(
     columns=", ".join(f'"{field.column}"' for field in _FIELDS),  # constants: the model's own columns
     values=", ".join("%s" for _ in _FIELDS),
 )
 
 
-def _plain(request: Any, alias: str, path: str, wanted: Wanted, body: bytes) -> State | None:
-    """A plain create in one statement, then ``post_save``: the new stream's state, or None when
-    the create is not plain, a ``pre_save`` receiver for Stream is connected, the rule refuses a
-    create where there is none, or the path is taken (by a stream, a tombstone or an expired
-    stream): the long way then looks and answers."""
-    if wanted.fork is not None or wanted.closed or body or connections[alias].in_atomic_block:
-        return None
-    if pre_save.has_listeners(Stream):
-        return None  # a project's receiver may change the row: the ORM's save runs it
-    if not allowed(request, "create", path, None):
+@dataclass(slots=True, eq=False)
+class _Insert(batch.Insert):
+    """A plain create, as the appender's item: True once its stream is committed."""
+
+    INSERT_SQL: ClassVar[str] = _INSERT_SQL
+    LOCK_WAIT: ClassVar[float] = LOCK_WAIT
+
+
+async def plain(request: Any, path: str, wanted: Wanted, body: bytes) -> State | None:
+    """A plain create, committed by the appender with the appends and creates in flight in the
+    process (``batch.Insert``), holding no thread while it waits; then ``post_save``, on a thread
+    if anything receives it. None when the create is not plain, a ``pre_save`` receiver for
+    Stream is connected, the rule refuses a create where there is none, or the path is taken (by
+    a stream, a tombstone or an expired stream), or the batch could not make it: the long way
+    (``create()``) then looks and answers."""
+    if wanted.fork is not None or wanted.closed or body or pre_save.has_listeners(Stream):
+        return None  # a pre_save receiver may change the row: the ORM's save runs it
+    owner, allowed = await _asked(request, path)
+    if not allowed:
         return None  # the rule may allow it of the stream there, if any: looked up the long way
-    stream = _new(request, path, wanted.content_type or wire.DEFAULT_CONTENT_TYPE, wanted.ttl, wanted.expires_at)
-    connection = connections[alias]
+    alias = conf.database()
+    stream = _new(owner, path, wanted.content_type or wire.DEFAULT_CONTENT_TYPE, wanted.ttl, wanted.expires_at)
+    connection = connections[alias]  # for its conversions only: no query on the event loop
     values = [field.get_db_prep_save(field.pre_save(stream, True), connection) for field in _FIELDS]
-    with pgstreams_cursor(alias) as cursor, busy_if_held(path):
-        cursor.execute(_INSERT_SQL, [*values, f"{int(LOCK_WAIT * 1000)}ms"])
-        if cursor.fetchone() is None:
-            return None
+    loop = asyncio.get_running_loop()
+    try:
+        made = await appender.appender(alias).asubmit(_Insert(stream.id, loop.create_future(), loop, values=values))
+    except StreamError:  # not committed, or nobody can tell: the long way finds it or makes it
+        return None
+    if not made:
+        return None
     stream._state.adding, stream._state.db = False, alias
-    post_save.send(sender=Stream, instance=stream, created=True, update_fields=None, raw=False, using=alias)
+    if post_save.has_listeners(Stream):
+        await _saved(stream, alias)
     return State.of(stream)
 
 
-def _new(request: Any, path: str, content_type: str, ttl: int | None, expires_at: Any) -> Stream:
-    """The stream a create makes at ``path``, owned by the signed-in user who makes it."""
-    user = getattr(request, "user", None)
+async def _asked(request: Any, path: str) -> tuple[Any, bool]:
+    """The stream's owner (the signed-in user, or None), and whether the rule allows a create at
+    ``path`` where there is no stream: an ``async def`` rule on the event loop, any other on a
+    reading thread."""
+    rule = conf.durable_authorize()
+    if not iscoroutinefunction(rule):
+        return await _ask(request, path)
+    auser = getattr(request, "auser", None)  # what AuthenticationMiddleware gives, and the shortcut
+    user = await auser() if auser is not None else getattr(request, "user", None)
+    return _owner(user), await aallowed(rule, request, "create", path, None)
+
+
+@threads.durable.wrap
+def _ask(request: Any, path: str) -> tuple[Any, bool]:
+    return _owner(getattr(request, "user", None)), allowed(request, "create", path, None)
+
+
+def _owner(user: Any) -> Any:
+    """``user`` if signed in, else None (a lazy user is loaded: off the event loop)."""
+    return user if user is not None and user.is_authenticated else None
+
+
+@threads.durable_writes.wrap
+def _saved(stream: Stream, alias: str) -> None:
+    post_save.send(sender=Stream, instance=stream, created=True, update_fields=None, raw=False, using=alias)
+
+
+def _new(owner: Any, path: str, content_type: str, ttl: int | None, expires_at: Any) -> Stream:
+    """The stream a create makes at ``path``, owned by ``owner`` (a user, or None)."""
     return Stream(
         path=path,
         label=path[:200],
@@ -224,7 +264,7 @@ def _new(request: Any, path: str, content_type: str, ttl: int | None, expires_at
         ttl=ttl,
         expires_at=expires_at,
         used_at=Now(),  # the database's clock, which judges expiry
-        owner=user if user is not None and user.is_authenticated else None,
+        owner=owner,
     )
 
 

@@ -59,8 +59,8 @@ T = TypeVar("T")
 _CACHEABLE = "private, max-age=60, stale-while-revalidate=300"
 
 # Creates and deletes may wait on a stream's row lock: on threads of their own, so that reads never
-# wait for a thread behind them, and for a short while only (``_write``). Appends hold no thread
-# while they wait for their batch (``appends``).
+# wait for a thread behind them, and for a short while only (``_write``). Appends and plain
+# creates hold no thread while they wait for their batch (``appends``, ``creates.plain``).
 _create = threads.durable_writes.wrap(creates.create)
 _delete = threads.durable_writes.wrap(store.delete)
 _head = threads.durable.wrap(store.head)
@@ -232,7 +232,10 @@ async def _put(request: HttpRequest, name: str) -> HttpResponse:
         closed=wire.flag(request.headers.get("Stream-Closed")),
         fork=_fork(request),
     )
-    state, created = await _write(_create, request, name, wanted, _body(request))
+    body = _body(request)
+    state, created = await creates.plain(request, name, wanted, body), True
+    if state is None:  # not plain, or its path taken: the long way
+        state, created = await _write(_create, request, name, wanted, body)
     response = _empty(201 if created else 200)
     _describe(response, state)
     if created:
