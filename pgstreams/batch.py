@@ -304,21 +304,32 @@ def run(
     for i, row, verdict, first in accepted:
         results[i] = items[i].result(row, first, verdict)
     if inserts:
-        made = _insert(conn, inserts)
+        made = _insert(conn, inserts, level)
         for i, item in enumerate(items):
             if isinstance(item, Insert):
                 results[i] = item.stream_id in made
+        if made and outcome.xid is None:  # so that a commit that gets no answer can be resolved
+            outcome.xid, outcome.pid = conn.execute(XACT_SQL).fetchone()
     return outcome
 
 
-def _insert(conn: psycopg.Connection[Any], inserts: list[Insert]) -> set[uuid.UUID]:
-    """Run ``inserts`` (of one class) in one round trip, in a savepoint with lock waits bounded by
-    their ``LOCK_WAIT``: the ids of those that went in; none, with nothing of them kept, if any
-    failed (the rest of the transaction goes on as if they had not been tried)."""
+XACT_SQL = "SELECT pg_current_xact_id()::text, pg_backend_pid()"
+
+
+def _insert(conn: psycopg.Connection[Any], inserts: list[Insert], level: str | None) -> set[uuid.UUID]:
+    """Run ``inserts`` (of one class) in a pipeline, in a savepoint with lock waits bounded by
+    their ``LOCK_WAIT`` and foreign keys checked at once (Django's are checked at the COMMIT, which
+    a user deleted meanwhile would fail, with the batch's appends): the ids of those that went in;
+    none, with nothing of them kept, if any failed (the rest of the transaction goes on as if
+    they had not been tried). The transaction then commits at ``level``, as one that writes
+    does. After the inserts it writes nothing more, so the constraints' mode is not set back."""
     try:
         with conn.cursor() as cursor:
             with conn.pipeline():
                 conn.execute("SAVEPOINT pgstreams_inserts")
+                conn.execute("SET CONSTRAINTS ALL IMMEDIATE")
+                if level is not None:
+                    conn.execute("SELECT set_config('synchronous_commit', %s, true)", [level])
                 kind = type(inserts[0])
                 conn.execute(f"SET LOCAL lock_timeout = '{int(kind.LOCK_WAIT * 1000)}ms'")  # the code's constant
                 cursor.executemany(kind.INSERT_SQL, [item.values for item in inserts], returning=True)

@@ -18,6 +18,7 @@ from django.test import override_settings
 import pgstreams
 from pgstreams import appender, conf, db, listener, notify, resolution
 from pgstreams import batch as batches
+from pgstreams.durable import creates
 from pgstreams.models import Chunk, Stream
 from tests.helpers import Rollback, appender_held, heard
 
@@ -454,6 +455,23 @@ def test_a_committed_batch_is_found_committed_after_its_first_stream_was_deleted
         other.execute("ROLLBACK")
         Stream.objects.filter(pk=third).delete()
         assert resolved(batch) is False
+
+
+def test_a_batch_of_creates_only_is_resolved_by_its_transactions_status() -> None:
+    """A batch that only makes streams (the Durable Streams endpoint's plain creates) writes no
+    chunk, but has a transaction to ask about: committed, or rolled back, after a lost answer."""
+    with psycopg.connect(**db.connect_kwargs(conf.database(), "test")) as other:
+        for outcome in ("COMMIT", "ROLLBACK"):
+            stream = creates._new(None, f"resolved/{outcome}", "text/plain", None, None)
+            item = creates._Insert(stream.id, concurrent.futures.Future(), values=creates._values(stream, "default"))
+            other.execute("BEGIN")
+            batch = batches.run(other, [item], None, False)
+            other.execute(outcome)
+            assert batch.results == [True] and batch.xid is not None
+            assert resolved(batch) is (outcome == "COMMIT")
+    assert list(Stream.objects.filter(path__startswith="resolved/").values_list("path", flat=True)) == [
+        "resolved/COMMIT"
+    ]
 
 
 def test_once_a_stream_writers_chunk_fails_its_later_chunks_fail_unsent() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import time
 
 import psycopg
 import pytest
@@ -26,6 +27,13 @@ from tests.helpers import appender_held
 pytestmark = pytest.mark.django_db(transaction=True)
 
 EVERYONE = "demo_project.chat.durable.allow_everything"
+
+
+@pytest.fixture(autouse=True)
+def no_paths_remembered() -> None:
+    """Each test starts with no path remembered: the database is emptied between tests, and a
+    stream remembered from an earlier one would send a first append round a second time."""
+    appends._paths.get().streams.clear()
 
 
 def url(path: str) -> str:
@@ -301,7 +309,7 @@ async def test_a_plain_create_sends_post_save_and_a_pre_save_receiver_still_shap
     assert (await Stream.objects.aget(path="labelled")).label == "labelled by pre_save"
 
 
-async def test_a_plain_create_that_waits_on_another_transaction_costs_its_batch_mates_nothing() -> None:
+async def test_a_plain_create_that_waits_on_another_transaction_undoes_only_its_batchs_creates() -> None:
     """Another connection has inserted a stream at `busy` and not committed. The batch that tries
     to create it there too waits at most LOCK_WAIT, then undoes its creates alone: the append in
     the same batch commits, the create of a free path is made the long way, and the create at
@@ -333,6 +341,38 @@ async def test_a_plain_create_that_waits_on_another_transaction_costs_its_batch_
     assert (free.status_code, append.status_code, waited.status_code) == (201, 204, 200)
     assert await stored("a") == ["x"]
     assert await Stream.objects.filter(path__in=["busy", "free"]).acount() == 2
+
+
+async def test_a_plain_create_whose_owner_is_deleted_meanwhile_fails_alone_and_at_once() -> None:
+    """The user is deleted while their PUT waits for its batch: the stream's key to them is
+    checked in the inserts' savepoint, not at the COMMIT, so the append that shares the batch
+    commits at once (a failure at the COMMIT had the appender send the batch again until its
+    retry budget ran out, and fail every append in it)."""
+    user = await sync_to_async(get_user_model().objects.create_user)("leaving")
+    client, other = AsyncClient(), AsyncClient()
+    await client.aforce_login(user)
+    with override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": EVERYONE}):
+        for path in ("hold/3", "mate/3"):
+            await pgstreams.acreate_stream(path=path, content_type="text/plain")
+        before = appender.appender(conf.database()).stats.snapshot()
+        with appender_held() as held:
+            hold = asyncio.ensure_future(post(other, "hold/3", "held"))
+            await held.waiting()
+            create = asyncio.ensure_future(put(client, "orphan"))
+            mate = asyncio.ensure_future(post(other, "mate/3", "x"))
+            await held.queued(2)
+            await user.adelete()
+        started = time.monotonic()
+        appended = await asyncio.wait_for(mate, 5)
+        took = time.monotonic() - started
+        created = await asyncio.wait_for(create, 10)
+        assert (await hold).status_code == 204
+        retries = (appender.appender(conf.database()).stats - before).retries
+    print(f"the batch-mate answered {took * 1000:.0f} ms after the release; the create {created.status_code}")
+    assert appended.status_code == 204 and retries == 0
+    assert await stored("mate/3") == ["x"]
+    orphan = await Stream.objects.filter(path="orphan").afirst()
+    assert created.status_code != 201 or (orphan is not None and orphan.owner_id is None)
 
 
 async def test_a_fork_and_its_source_each_get_their_own_appends_and_a_deleted_source_answers_410() -> None:

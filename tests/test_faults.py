@@ -551,3 +551,49 @@ def test_http_appends_as_producers_through_appender_kills_are_stored_exactly_onc
         assert set(answers[k]) <= {200, 204} and len(answers[k]) == per_stream  # 204: a retried duplicate
         sid = Stream.objects.get(path=f"faults-producers/{k}").id
         assert committed(sid) == [(seq, f"{k}-{seq};") for seq in range(per_stream)]
+
+
+def test_http_creates_through_appender_kills_are_each_made_once_and_every_201_is_there(
+    open_durable_server: str,
+) -> None:
+    """40 clients create 25 streams each over HTTP (plain PUTs, committed in the appender's
+    batches) on a daphne process, each sending the same PUT again after any error or 5xx, while
+    the appender's backend is terminated at random moments: every PUT ends in 201, or 200 when it
+    was sent again after its stream was made, and every stream answered is there."""
+    clients, per_client = 40, 25
+    base = f"http://{open_durable_server}/pgstreams/v1/stream/faults-creates"
+    retried: set[str] = set()
+
+    async def create(client: httpx.AsyncClient, k: int) -> list[tuple[str, int]]:
+        answers = []
+        for i in range(per_client):
+            path = f"{k}/{i}"
+            for _ in range(100):  # bounded: a try per error
+                try:
+                    answer = await client.put(f"{base}/{path}", headers={"Content-Type": "text/plain"})
+                except httpx.HTTPError:
+                    answer = None
+                if answer is not None and answer.status_code < 500:
+                    answers.append((path, answer.status_code))
+                    break
+                retried.add(path)
+                await asyncio.sleep(0.02)
+        return answers
+
+    async def load() -> list[tuple[str, int]]:
+        async with httpx.AsyncClient(timeout=30) as client:
+            with AppenderKiller(seed=29) as killer:
+                answers = await asyncio.gather(*(create(client, k) for k in range(clients)))
+        print(
+            f"{clients * per_client} creates over HTTP with {killer.kills} appender backend kills: "
+            f"{len(retried)} sent again"
+        )
+        assert killer.kills >= 10
+        return [answer for some in answers for answer in some]
+
+    answers = asyncio.run(load())
+    assert len(answers) == clients * per_client
+    assert {status for _, status in answers} <= {200, 201}
+    assert all(status == 201 for path, status in answers if path not in retried)
+    made = set(Stream.objects.filter(path__startswith="faults-creates/").values_list("path", flat=True))
+    assert made == {f"faults-creates/{path}" for path, _ in answers}

@@ -180,15 +180,25 @@ def _fork_point(alias: str, source: Stream, offset: int, sub_offset: int) -> tup
 
 
 # A plain create's row, as Django would insert it (its fields' defaults and conversions), with
-# used_at by the database's clock; nothing if the path is taken.
-_FIELDS = [field for field in Stream._meta.concrete_fields if field.attname != "used_at"]
+# created_at and used_at by the database's clock (on the appender's connection, whose time zone
+# is not Django's); nothing if the path is taken.
+_CLOCKED = ("created_at", "used_at")
+_FIELDS = [field for field in Stream._meta.concrete_fields if field.attname not in _CLOCKED]
 _INSERT_SQL = (
-    "INSERT INTO pgstreams_stream ({columns}, used_at) VALUES ({values}, statement_timestamp())"
+    "INSERT INTO pgstreams_stream ({columns}, created_at, used_at)"
+    " VALUES ({values}, statement_timestamp(), statement_timestamp())"
     " ON CONFLICT (path) WHERE path IS NOT NULL DO NOTHING RETURNING id"
 ).format(
     columns=", ".join(f'"{field.column}"' for field in _FIELDS),  # constants: the model's own columns
     values=", ".join("%s" for _ in _FIELDS),
 )
+
+
+def _values(stream: Stream, alias: str) -> list[Any]:
+    """``stream``'s row for _INSERT_SQL, as Django would convert it for ``alias`` (no query: safe
+    on the event loop)."""
+    connection = connections[alias]
+    return [field.get_db_prep_save(field.pre_save(stream, True), connection) for field in _FIELDS]
 
 
 @dataclass(slots=True, eq=False)
@@ -213,11 +223,10 @@ async def plain(request: Any, path: str, wanted: Wanted, body: bytes) -> State |
         return None  # the rule may allow it of the stream there, if any: looked up the long way
     alias = conf.database()
     stream = _new(owner, path, wanted.content_type or wire.DEFAULT_CONTENT_TYPE, wanted.ttl, wanted.expires_at)
-    connection = connections[alias]  # for its conversions only: no query on the event loop
-    values = [field.get_db_prep_save(field.pre_save(stream, True), connection) for field in _FIELDS]
     loop = asyncio.get_running_loop()
+    item = _Insert(stream.id, loop.create_future(), loop, values=_values(stream, alias))
     try:
-        made = await appender.appender(alias).asubmit(_Insert(stream.id, loop.create_future(), loop, values=values))
+        made = await appender.appender(alias).asubmit(item)
     except StreamError:  # not committed, or nobody can tell: the long way finds it or makes it
         return None
     if not made:
@@ -233,11 +242,10 @@ async def _asked(request: Any, path: str) -> tuple[Any, bool]:
     ``path`` where there is no stream: an ``async def`` rule on the event loop, any other on a
     reading thread."""
     rule = conf.durable_authorize()
-    if not iscoroutinefunction(rule):
-        return await _ask(request, path)
     auser = getattr(request, "auser", None)  # what AuthenticationMiddleware gives, and the shortcut
-    user = await auser() if auser is not None else getattr(request, "user", None)
-    return _owner(user), await aallowed(rule, request, "create", path, None)
+    if not iscoroutinefunction(rule) or auser is None:
+        return await _ask(request, path)
+    return _owner(await auser()), await aallowed(rule, request, "create", path, None)
 
 
 @threads.durable.wrap
