@@ -16,7 +16,7 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from functools import partial
+from functools import cache, partial
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
@@ -128,11 +128,31 @@ async def _csrf_refusal(request: HttpRequest) -> HttpResponseBase | None:
     The body is read first, so that the check never parses it as a form."""
     if request.method in ("GET", "HEAD"):
         return None
-    authorization = request.headers.get("Authorization", "").split(" ", 1)[0].lower()
+    authorization = _Headers(request).get("Authorization", "").split(" ", 1)[0].lower()
     if not request.COOKIES and authorization not in ("basic", "digest"):
         return None
     _body(request)
     return await _csrf_check(request, None, (), {})
+
+
+class _Headers:
+    """A request's headers, read from its META by name as Django's ``request.headers`` reads them,
+    without building that mapping, which copies every header of the request (about a twelfth of
+    a create's server CPU) for the few the endpoint reads."""
+
+    __slots__ = ("_meta",)
+
+    def __init__(self, request: HttpRequest) -> None:
+        self._meta = request.META
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        return self._meta.get(_meta_key(name), default)
+
+
+@cache
+def _meta_key(name: str) -> str:
+    key = name.upper().replace("-", "_")
+    return key if key in ("CONTENT_TYPE", "CONTENT_LENGTH") else f"HTTP_{key}"
 
 
 def _secured(response: HttpResponseBase) -> HttpResponseBase:
@@ -188,9 +208,10 @@ def _body(request: HttpRequest) -> bytes:
 
 
 def _fork(request: HttpRequest) -> creates.Fork | None:
-    source = request.headers.get("Stream-Forked-From")
-    offset = request.headers.get("Stream-Fork-Offset")
-    sub_offset = request.headers.get("Stream-Fork-Sub-Offset")
+    headers = _Headers(request)
+    source = headers.get("Stream-Forked-From")
+    offset = headers.get("Stream-Fork-Offset")
+    sub_offset = headers.get("Stream-Fork-Sub-Offset")
     if source is None:
         if offset is not None or sub_offset is not None:
             raise Refused(400, "Stream-Fork-Offset and Stream-Fork-Sub-Offset need Stream-Forked-From")
@@ -224,12 +245,13 @@ def _source_path(request: HttpRequest, value: str) -> str:
 
 
 async def _put(request: HttpRequest, name: str) -> HttpResponse:
-    ttl, expires_at = wire.expiry(request.headers.get("Stream-TTL"), request.headers.get("Stream-Expires-At"))
+    headers = _Headers(request)
+    ttl, expires_at = wire.expiry(headers.get("Stream-TTL"), headers.get("Stream-Expires-At"))
     wanted = creates.Wanted(
-        content_type=wire.content_type(request.headers.get("Content-Type")),
+        content_type=wire.content_type(headers.get("Content-Type")),
         ttl=ttl,
         expires_at=expires_at,
-        closed=wire.flag(request.headers.get("Stream-Closed")),
+        closed=wire.flag(headers.get("Stream-Closed")),
         fork=_fork(request),
     )
     body = _body(request)
@@ -244,10 +266,11 @@ async def _put(request: HttpRequest, name: str) -> HttpResponse:
 
 
 async def _post(request: HttpRequest, name: str) -> HttpResponse:
-    closing = wire.flag(request.headers.get("Stream-Closed"))
-    producer = wire.producer(request.headers)
+    headers = _Headers(request)
+    closing = wire.flag(headers.get("Stream-Closed"))
+    producer = wire.producer(headers)
     body = _body(request)
-    content_type = wire.content_type(request.headers.get("Content-Type"))
+    content_type = wire.content_type(headers.get("Content-Type"))
     if not body and not closing:
         raise Refused(400, "an append needs a body (or Stream-Closed: true to close the stream)")
     if body and not content_type:
@@ -259,7 +282,7 @@ async def _post(request: HttpRequest, name: str) -> HttpResponse:
         content_type=content_type,
         closing=closing,
         producer=producer,
-        writer_seq=request.headers.get("Stream-Seq"),
+        writer_seq=headers.get("Stream-Seq"),
     )
     response = _empty(appended.status)
     response["Stream-Next-Offset"] = wire.format_offset(appended.state.next_offset)
@@ -295,7 +318,7 @@ def _catch_up(request: HttpRequest, read: store.Read, offset: str) -> HttpRespon
     state = read.state
     at_end = state.closed and read.up_to_date
     tag = wire.etag(state.id, read.start, read.end, at_end)
-    if offset != wire.NOW and wire.etag_matches(tag, request.headers.get("If-None-Match")):
+    if offset != wire.NOW and wire.etag_matches(tag, _Headers(request).get("If-None-Match")):
         response = _empty(304)
         response["ETag"] = tag
         return response

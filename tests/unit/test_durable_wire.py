@@ -202,3 +202,19 @@ def test_sse_text_keeps_the_spaces_a_line_starts_with() -> None:
     lines = [line.removeprefix("data:") for line in event.splitlines() if line.startswith("data:")]
     # An SSE reader drops one space after the colon, as the official client does.
     assert [line[1:] if line.startswith(" ") else line for line in lines] == [" more", "  two"]
+
+
+def test_the_endpoints_headers_are_read_as_djangos_request_headers_reads_them() -> None:
+    from django.test import RequestFactory
+
+    from pgstreams.durable.views import _Headers
+
+    request = RequestFactory().post(
+        "/v1/stream/x",
+        b"body",
+        content_type="application/json",
+        headers={"Stream-TTL": "60", "producer-id": "p", "If-None-Match": '"a", "b"'},
+    )
+    names = ["Content-Type", "content-length", "Stream-TTL", "STREAM-ttl", "Producer-Id", "If-None-Match", "Stream-Seq"]
+    assert [_Headers(request).get(name) for name in names] == [request.headers.get(name) for name in names]
+    assert _Headers(request).get("Stream-Seq", "none") == "none"
