@@ -7,8 +7,8 @@ streams' rows, the producers' states. Each item's result is made once the offset
 
 The items are what the callers hand the appender: ``Append`` for ``append()``/``aappend()`` and
 stream writers, the Durable Streams endpoint's own for HTTP appends, and ``Insert``s, which make
-new streams (the endpoint's plain creates): each its own statement, all of them in one round
-trip after the writes, in a savepoint of their own so that one that cannot go in (its lock wait
+new streams (the endpoint's plain creates): each its own statement, all of them in a pipeline
+after the writes, in a savepoint of their own so that one that cannot go in (its lock wait
 too long) costs the batch's appends nothing. No threads, no queue and no retries here
 (``appender``), and no resolution of a commit that got no answer (``resolution``).
 """

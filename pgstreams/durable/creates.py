@@ -260,7 +260,8 @@ def _ask(request: Any, path: str) -> tuple[Any, bool]:
 
 
 def _owner(user: Any) -> Any:
-    """``user`` if signed in, else None (a lazy user is loaded: off the event loop)."""
+    """``user`` if signed in, else None. It loads a lazy user: call it off the event loop, or with
+    a user loaded already."""
     return user if user is not None and user.is_authenticated else None
 
 
