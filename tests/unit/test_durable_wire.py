@@ -205,11 +205,11 @@ def test_sse_text_keeps_the_spaces_a_line_starts_with() -> None:
 
 
 def test_the_endpoints_headers_are_read_as_djangos_request_headers_reads_them() -> None:
-    from django.test import RequestFactory
+    from django.test import AsyncRequestFactory
 
     from pgstreams.durable.views import _Headers
 
-    request = RequestFactory().post(
+    request = AsyncRequestFactory().post(  # an ASGIRequest: its META made from the scope's headers
         "/v1/stream/x",
         b"body",
         content_type="application/json",
