@@ -15,6 +15,8 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Awaitable, Callable
+from functools import partial
 
 import httpx
 import psutil
@@ -506,6 +508,20 @@ def test_the_appenders_backend_killed_under_load_loses_and_doubles_nothing() -> 
     appender.stop_appenders()
 
 
+async def until_answered(send: Callable[[], Awaitable[httpx.Response]]) -> tuple[int, int]:
+    """``send()`` again after any error or 5xx, as a retrying client does, at most 100 times: the
+    status it was answered with at last, and the tries it took."""
+    for tries in range(1, 101):
+        try:
+            answer = await send()
+        except httpx.HTTPError:
+            answer = None
+        if answer is not None and answer.status_code < 500:
+            return answer.status_code, tries
+        await asyncio.sleep(0.02)
+    raise AssertionError("no answer below 500 in 100 tries")
+
+
 def test_http_appends_as_producers_through_appender_kills_are_stored_exactly_once(open_durable_server: str) -> None:
     """40 clients append 50 chunks each over HTTP to a daphne process as idempotent producers
     (Producer-Id/Epoch/Seq), each sending the same request again after any error or 5xx, while
@@ -521,16 +537,11 @@ def test_http_appends_as_producers_through_appender_kills_are_stored_exactly_onc
         for seq in range(per_stream):
             headers = {"Content-Type": "text/plain", "Producer-Id": f"p{k}", "Producer-Epoch": "0"}
             headers["Producer-Seq"] = str(seq)
-            for _ in range(100):  # bounded: a try per error
-                try:
-                    answer = await client.post(f"{base}/{k}", content=f"{k}-{seq};", headers=headers)
-                except httpx.HTTPError:
-                    answer = None
-                if answer is not None and answer.status_code < 500:
-                    statuses.append(answer.status_code)
-                    break
-                retried += 1
-                await asyncio.sleep(0.02)
+            status, tries = await until_answered(
+                partial(client.post, f"{base}/{k}", content=f"{k}-{seq};", headers=headers)
+            )
+            statuses.append(status)
+            retried += tries - 1
         return statuses
 
     async def load() -> list[list[int]]:
@@ -568,16 +579,11 @@ def test_http_creates_through_appender_kills_are_each_made_once_and_every_201_is
         answers = []
         for i in range(per_client):
             path = f"{k}/{i}"
-            for _ in range(100):  # bounded: a try per error
-                try:
-                    answer = await client.put(f"{base}/{path}", headers={"Content-Type": "text/plain"})
-                except httpx.HTTPError:
-                    answer = None
-                if answer is not None and answer.status_code < 500:
-                    answers.append((path, answer.status_code))
-                    break
+            put = partial(client.put, f"{base}/{path}", headers={"Content-Type": "text/plain"})
+            status, tries = await until_answered(put)
+            answers.append((path, status))
+            if tries > 1:
                 retried.add(path)
-                await asyncio.sleep(0.02)
         return answers
 
     async def load() -> list[tuple[str, int]]:
