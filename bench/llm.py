@@ -345,7 +345,8 @@ def _reader_figures(readers: list[Any], server_peak: int | None) -> dict[str, An
 def _writer_figures(writers: list[llm_procs.TokenWriterResult], duration: float) -> dict[str, Any]:
     """The write calls (aappend, awrite), how late the writers ran against their schedule, the
     appender's batches (append methods), and the writer processes' CPU per token (pacing, the
-    calls and, for the append methods, the appender's thread, whose share is given too)."""
+    calls and, for the append methods, the appender's thread, whose share is given too, as is the
+    garbage collector's)."""
     appended = [w.appender for w in writers if w.appender is not None]
     batches = sum(a["batches"] for a in appended)
     tokens = sum(len(times) for w in writers for times in w.starts.values())
@@ -358,6 +359,7 @@ def _writer_figures(writers: list[llm_procs.TokenWriterResult], duration: float)
         "mean_batch": round(sum(a["appended"] for a in appended) / batches, 1) if batches else None,
         "appender_retries": sum(a["retries"] for a in appended) if appended else None,
         "writer_cpu_us_per_token": round(1e6 * sum(w.cpu_seconds for w in writers) / tokens, 1) if tokens else None,
+        "writer_gc_us_per_token": round(1e6 * sum(w.gc_seconds for w in writers) / tokens, 1) if tokens else None,
         "appender_cpu_us_per_token": (
             round(1e6 * sum(a["cpu_seconds"] for a in appended) / tokens, 1) if appended and tokens else None
         ),

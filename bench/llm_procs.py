@@ -17,6 +17,7 @@ Timestamps are ``time.monotonic()``, one clock shared by every process on the ho
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import random
 import resource
@@ -64,8 +65,32 @@ class TokenWriterResult:
     window_seconds: float = 0.0  # ... counted this long after the start (a busy loop counts late)
     errors: int = 0
     cpu_seconds: float = 0.0  # the process's, all threads, from the start to the last commit
+    gc_seconds: float = 0.0  # of which the garbage collector's (``GcClock``), on any thread
     appender: dict[str, Any] | None = None  # AppenderStats over the run, for the append methods
     flusher: dict[str, Any] | None = None  # FlusherStats over the run
+
+
+class GcClock:
+    """The garbage collector's time in this process while in the block (``gc.callbacks``): a
+    collection runs on whichever thread allocates when a generation fills, so its time is inside
+    every other CPU figure, the appender thread's too."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._began = 0.0
+
+    def __enter__(self) -> GcClock:
+        gc.callbacks.append(self._observe)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        gc.callbacks.remove(self._observe)
+
+    def _observe(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._began
 
 
 class _Writing:
@@ -169,17 +194,19 @@ async def _write_all(
     appended_before = appender.appender(boot.alias).stats.snapshot()
     ready.put(("writer", os.getpid()))
     await asyncio.to_thread(go.wait)
-    cpu = time.process_time()
-    writing.start = time.monotonic()
-    writing.end = writing.start + duration
-    phases = random.Random(slot).random
-    tasks = [asyncio.create_task(writing.stream(sid, phases() / rate)) for sid in streams]
-    counting = asyncio.create_task(_count(writing.committed_now, progress, slot))
-    await asyncio.sleep(max(0.0, writing.end - time.monotonic()))
-    writing.result.committed_in_window = writing.committed_now()
-    writing.result.window_seconds = time.monotonic() - writing.start
-    await asyncio.gather(*tasks)
-    writing.result.cpu_seconds = time.process_time() - cpu
+    with GcClock() as collecting:
+        cpu = time.process_time()
+        writing.start = time.monotonic()
+        writing.end = writing.start + duration
+        phases = random.Random(slot).random
+        tasks = [asyncio.create_task(writing.stream(sid, phases() / rate)) for sid in streams]
+        counting = asyncio.create_task(_count(writing.committed_now, progress, slot))
+        await asyncio.sleep(max(0.0, writing.end - time.monotonic()))
+        writing.result.committed_in_window = writing.committed_now()
+        writing.result.window_seconds = time.monotonic() - writing.start
+        await asyncio.gather(*tasks)
+        writing.result.cpu_seconds = time.process_time() - cpu
+    writing.result.gc_seconds = collecting.seconds
     counting.cancel()
     progress[slot] = writing.committed_now()
     return _finish(writing, boot.alias, appended_before)

@@ -77,6 +77,7 @@ LLM_COLUMNS: list[Column] = [
     ("lag p99", 9, lambda r: _ms(r["schedule_lag_ms"]["p99"])),
     ("cpu/tok", 8, lambda r: _opt(r.get("writer_cpu_us_per_token"), ".1f")),
     ("appender", 9, lambda r: _opt(r.get("appender_cpu_us_per_token"), ".1f")),
+    ("gc", 6, lambda r: _opt(r.get("writer_gc_us_per_token"), ".1f")),
 ]
 
 LLM_NOTE = (
@@ -87,7 +88,7 @@ LLM_NOTE = (
     "followed stream, unfollowed = of a stream nobody in the process follows; "
     "batches and batch = the appender's commits and their mean size; lag = writer calls' start after their deadline; "
     "cpu/tok = the writer processes' CPU per token in us, pacing included; appender = its appender thread's share; "
-    "pace = the same schedule, nothing written)"
+    "gc = the garbage collector's share, on any thread; pace = the same schedule, nothing written)"
 )
 
 
