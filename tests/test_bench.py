@@ -4,6 +4,7 @@ the plot."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -12,6 +13,7 @@ import sys
 import pytest
 from django.core.management import CommandError, call_command
 
+from bench import llm_procs
 from tests.helpers import ROOT, subprocess_database_url
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess]
@@ -136,8 +138,18 @@ def test_a_tiny_llm_run_of_every_write_method(tmp_path, capsys) -> None:
         assert run["xact_per_s"] > 0 and run["reader_peak_mib"] > 0
         uses_appender = run["method"] != "awrite"
         assert (run["appender_batches"] is not None and run["appender_batches"] > 0) == uses_appender
+        assert 0 <= run["writer_gc_us_per_token"] <= run["writer_cpu_us_per_token"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "sustained/s" in capsys.readouterr().out
+
+
+def test_the_writers_gc_clock_counts_collections_inside_its_block_only() -> None:
+    with llm_procs.GcClock() as collecting:
+        gc.collect()
+    inside = collecting.seconds
+    gc.collect()
+    assert inside > 0 and collecting.seconds == inside
+    assert collecting._observe not in gc.callbacks
 
 
 def test_llm_methods_must_be_known() -> None:
