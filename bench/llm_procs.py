@@ -71,9 +71,10 @@ class TokenWriterResult:
 
 
 class GcClock:
-    """The garbage collector's time in this process while in the block (``gc.callbacks``): a
-    collection runs on whichever thread allocates when a generation fills, so its time is inside
-    every other CPU figure, the appender thread's too."""
+    """The garbage collector's time in this process while in the block (``gc.callbacks``, wall
+    time per collection, which holds the GIL throughout): a collection runs on whichever thread
+    allocates when a generation fills, so its time is inside every other CPU figure, the
+    appender thread's too."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
