@@ -18,6 +18,10 @@ DAPHNE_BACKLOG = 1024
 # WebSocket and SSE response, and the 1,025th waits until one ends: 2,000 idle SSE subscribers
 # took 302 s to connect (the clients' own header timeout).
 GRANIAN_BACKPRESSURE = 16384
+# Seconds granian gives a worker to stop before it kills it. Without it granian waits forever, and
+# a worker can hang as it stops: its runtime's threads and the GIL wait on each other
+# (emmett-framework/granian#875; a test's server once never exited after a connect storm here).
+GRANIAN_KILL_TIMEOUT = 5
 
 
 def daphne_endpoint(host: str, port: int) -> str:
@@ -40,6 +44,7 @@ def server_command(server: str, app: str, port: int) -> list[str]:
         return [
             *(sys.executable, "-m", "granian", "--interface", "asgi", "--host", "127.0.0.1", "--port", str(port)),
             *("--workers", "1", "--loop", "uvloop", "--backpressure", str(GRANIAN_BACKPRESSURE)),
+            *("--workers-kill-timeout", str(GRANIAN_KILL_TIMEOUT)),
             *("--log-level", "warning", app),
         ]
     raise ValueError(f"server must be one of {', '.join(SERVERS)}, not {server!r}")

@@ -23,7 +23,7 @@ from asgiref.sync import sync_to_async
 from django.contrib.auth import get_user_model
 
 import pgstreams
-from bench.servers import SERVERS, server_command
+from bench.servers import GRANIAN_KILL_TIMEOUT, SERVERS, server_command
 from pgstreams.consumers import WINDOW_CHUNKS
 from tests.helpers import ROOT, free_port
 
@@ -131,24 +131,9 @@ def test_each_server_holds_a_connect_storm_in_its_listen_queue(server: str) -> N
     in the fan-out benchmark, 3,079 dropped and p99 4.6 s at 1,000 subscribers."""
     if (cap := int(Path("/proc/sys/net/core/somaxconn").read_text())) < STORM:
         pytest.skip(f"net.core.somaxconn is {cap}: the kernel caps every listen queue below {STORM}")
-    port = free_port()
-    proc = subprocess.Popen(
-        server_command(server, "bench.raw_asgi:application", port),
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # its own process group: granian's worker is stopped with it
-    )
+    proc, port = _started(server, "bench.raw_asgi:application")
     sockets: list[socket.socket] = []
     try:
-        deadline = time.monotonic() + 20
-        while True:  # bounded: until the server accepts
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline and proc.poll() is None, f"{server} did not start"
-                time.sleep(0.1)
         os.killpg(proc.pid, signal.SIGSTOP)
         for _ in range(STORM):
             s = socket.socket()
@@ -170,3 +155,44 @@ def test_each_server_holds_a_connect_storm_in_its_listen_queue(server: str) -> N
             os.killpg(proc.pid, signal.SIGCONT)
             os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(10)
+
+
+def test_granian_kills_a_worker_that_will_not_stop_and_exits() -> None:
+    """A granian worker that does not end when told to (here the application's own thread keeps
+    it; a worker can also hang as it stops, granian#875, as one did after a connect storm) is
+    killed GRANIAN_KILL_TIMEOUT seconds after the stop, and the server exits: without
+    ``--workers-kill-timeout`` granian waits for it forever."""
+    proc, _ = _started("granian", "tests.stubborn_asgi:application")
+    began = time.monotonic()
+    try:
+        proc.terminate()
+        proc.wait(GRANIAN_KILL_TIMEOUT + 10)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    print(f"granian exited {time.monotonic() - began:.1f} s after SIGTERM, its worker kept by a thread")
+
+
+def _started(server: str, app: str) -> tuple[subprocess.Popen[bytes], int]:
+    """``server`` serving ``app`` on a free loopback port, in a process group of its own (its
+    workers are signalled with it), once its port accepts."""
+    port = free_port()
+    proc = subprocess.Popen(
+        server_command(server, app, port),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 20
+    while True:  # bounded: until the server accepts
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc, port
+        except OSError:
+            if time.monotonic() >= deadline or proc.poll() is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                raise AssertionError(f"{server} did not start") from None
+            time.sleep(0.1)
