@@ -17,10 +17,12 @@ tell).
 Each append is judged on its own inside its batch: a closed or unknown stream, a chunk its
 content type cannot hold, an idempotent producer's duplicate, old epoch or gap, fail (or answer)
 only their own call; a batch the database refuses for a value or a constraint (SQLSTATE classes 22
-and 23) is split until the refused item stands alone. Once an item of a stream writer fails, its
-later items fail unsent, so a stream never has a hole behind a chunk that committed after it.
-This module never reads chunks; notifications go out as NOTIFY_MODE says, once per batch, after
-the callers have their results.
+and 23) is split until the refused item stands alone. A stream writer's chunks wait as one item
+until the appender takes it (``Sends``), so a busy appender gets fewer, larger items and its
+cost per chunk falls as the load rises; such an item is split too, down to the refused chunk.
+Once a chunk of a stream writer fails, its later ones fail unsent, so a stream never has a hole
+behind a chunk that committed after it. This module never reads chunks; notifications go out as
+NOTIFY_MODE says, once per batch, after the callers have their results.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import psycopg
 
 from . import batch as batches
 from . import conf, db, metrics, notify, producers, resolution, writer
-from .batch import DEFERRED, Append, Chain, Item, NotJudged, Result, error
+from .batch import DEFERRED, Append, Chain, Item, NotJudged, Result, Sends, error
 from .exceptions import OutcomeUnknown, StreamClosed, StreamError
 from .process import PerProcess
 from .stats import AppenderStats
@@ -71,7 +73,7 @@ class Appender:
         self.alias = alias
         self._queue: collections.deque[Item] = collections.deque()
         self._wake = threading.Event()
-        self._lock = threading.Lock()  # guards _stopped against submit(), and the thread's start
+        self._lock = threading.Lock()  # guards _stopped against submit(), the thread's start, Sends.taken
         self._stopped = False
         self._thread: threading.Thread | None = None
         self._conn: psycopg.Connection[Any] | None = None
@@ -89,6 +91,19 @@ class Appender:
                 self._thread.start()
         if not self._wake.is_set():  # set() takes a lock: skip it while a batch is already due
             self._wake.set()
+
+    def extend(self, item: Sends, data: str) -> bool:
+        """Add ``data`` to ``item``, submitted to this appender earlier, unless the appender has
+        taken it or was stopped, or the item holds a batch's worth already (APPEND_BATCH chunks,
+        BATCH_BYTES of data): then False, and the caller submits a new one."""
+        with self._lock:
+            if item.taken or self._stopped or len(item.gathered) >= conf.append_batch():
+                return False
+            if item.chars + len(data) > BATCH_BYTES:
+                return False
+            item.gathered.append(data)
+            item.chars += len(data)
+            return True
 
     async def asubmit(self, item: Item) -> Result:
         """Submit ``item`` (made with ``loop`` this event loop and an asyncio future) and wait for
@@ -140,12 +155,17 @@ class Appender:
 
     def _take(self, batch: list[Item]) -> None:
         """Add queued items to ``batch`` while their chunks stay within APPEND_BATCH and their
-        data within BATCH_BYTES (one at least), beside the deferred items it holds already."""
+        data within BATCH_BYTES (one at least), beside the deferred items it holds already. A
+        stream writer's ``Sends`` takes no more chunks once it is looked at here."""
         room, space = conf.append_batch(), BATCH_BYTES
         queue = self._queue
         taken = False
         while queue:
-            size, data_size = queue[0].size, queue[0].data_size
+            item = queue[0]
+            if type(item) is Sends:
+                with self._lock:  # its size stays as it is from here on
+                    item.taken = True
+            size, data_size = item.size, item.data_size
             if taken and (size > room or data_size > space):
                 break
             batch.append(queue.popleft())
@@ -157,7 +177,8 @@ class Appender:
         the later items of its stream. An item of a stream writer whose earlier item failed
         fails too, unsent. A batch that did not commit is sent again in halves, in order, until
         ``deadline`` (the retry budget from now, by default): a shorter transaction may pass
-        where the connection keeps failing."""
+        where the connection keeps failing. A stream writer's gathered chunks are cut in halves
+        too when they stand alone (``_halves``)."""
         batch = _without_broken_chains(batch)
         if not batch:
             return
@@ -178,23 +199,21 @@ class Appender:
                     return
                 logger.warning("pgstreams: an append batch did not commit, sending it again: %s", cause)
                 time.sleep(backoff.next())
-                if len(batch) > 1:
-                    half = len(batch) // 2
-                    self._commit(batch[:half], deferred, deadline)
+                if (halves := _halves(batch)) is not None:
+                    self._commit(halves[0], deferred, deadline)
                     if time.monotonic() < deadline:
-                        self._commit(batch[half:], deferred, deadline)
+                        self._commit(halves[1], deferred, deadline)
                     else:  # no try past the budget: the server may take CONNECT_TIMEOUT to refuse each
-                        rest = _without_broken_chains(batch[half:])
+                        rest = _without_broken_chains(halves[1])
                         _settle(rest, _not_committed(rest, cause))
                     return
             except psycopg.DatabaseError as exc:  # an item the database refuses
-                if len(batch) == 1:
+                if (halves := _halves(batch)) is None:
                     _settle(batch, [error(StreamError, f"append refused by the database: {exc}", exc)])
                     return
                 self.stats.splits += 1
-                half = len(batch) // 2
-                self._commit(batch[:half], deferred)
-                self._commit(batch[half:], deferred)
+                self._commit(halves[0], deferred)
+                self._commit(halves[1], deferred)
                 return
         self._crowded = bool(self._queue)  # before its callers know, and append again
         _settle(batch, outcome.results)
@@ -265,7 +284,7 @@ class Appender:
             if not committed:
                 raise _NotCommitted() from exc
             self.stats.resolved += 1
-        settled = len(batch) - len(outcome.deferred)
+        settled = sum(item.size for item in batch) - sum(item.size for item in outcome.deferred)
         self.stats.batches += 1
         self.stats.appended += settled
         metrics.append_seconds.observe(time.monotonic() - began)
@@ -326,6 +345,19 @@ def _without_broken_chains(batch: list[Item]) -> list[Item]:
     return kept
 
 
+def _halves(batch: list[Item]) -> tuple[list[Item], list[Item]] | None:
+    """``batch`` cut in two, in order, to send again: its items, or a stream writer's gathered
+    chunks when they are all it holds; None for a lone item that cannot be cut."""
+    if len(batch) > 1:
+        half = len(batch) // 2
+        return batch[:half], batch[half:]
+    (item,) = batch
+    if type(item) is Sends and item.size > 1:
+        first, second = item.halves()
+        return [first], [second]
+    return None
+
+
 def _not_committed(batch: Sequence[Item], cause: BaseException) -> list[Exception]:
     """Each item's error when its batch could not be committed within the retry budget."""
     return [error(StreamError, f"append not committed: {cause}", cause) for _ in batch]
@@ -355,7 +387,7 @@ def _settle(batch: Sequence[Item], results: Sequence[Result]) -> None:
         if item.future is not None:
             pairs.append((item.future, result))
         elif chain is not None:
-            chains[chain] = chains.get(chain, 0) + 1
+            chains[chain] = chains.get(chain, 0) + item.size
     for loop, (pairs, chains) in by_loop.items():
         try:
             loop.call_soon_threadsafe(_set_all, pairs, chains)
@@ -478,6 +510,8 @@ class StreamWriter:
         self._close = close
         self._alias = using or conf.database()
         self._chain = _Sent()
+        self._last: Sends | None = None  # the chunks submitted last, which may take more, and
+        self._into: Appender | None = None  # the appender they went to
         self.sent = 0
 
     async def send(self, data: str) -> None:
@@ -492,8 +526,11 @@ class StreamWriter:
             await chain.wait(self.sent - WRITER_IN_FLIGHT + 1)
             if chain.failure is not None:
                 raise chain.failure
-        loop = asyncio.get_running_loop()
-        appender(self._alias).submit(Append(self.stream_id, None, loop, chain, data=data))
+        target, last = appender(self._alias), self._last
+        if last is None or target is not self._into or not target.extend(last, data):
+            last = Sends(self.stream_id, None, asyncio.get_running_loop(), chain, gathered=[data], chars=len(data))
+            target.submit(last)
+            self._last, self._into = last, target
         self.sent += 1
 
     async def flush(self) -> None:

@@ -5,12 +5,13 @@ each item judged in arrival order against the streams as the batch leaves them s
 item's own kind adds), and everything accepted written in one statement: the chunks, the
 streams' rows, the producers' states. Each item's result is made once the offsets are known.
 
-The items are what the callers hand the appender: ``Append`` for ``append()``/``aappend()`` and
-stream writers, the Durable Streams endpoint's own for HTTP appends, and ``Insert``s, which make
-new streams (the endpoint's plain creates): each its own statement, all of them in a pipeline
-after the writes, in a savepoint of their own so that one that cannot go in (its lock wait
-too long) costs the batch's appends nothing. No threads, no queue and no retries here
-(``appender``), and no resolution of a commit that got no answer (``resolution``).
+The items are what the callers hand the appender: ``Append`` for ``append()``/``aappend()``,
+``Sends`` for a stream writer's chunks gathered while they wait, the Durable Streams endpoint's
+own for HTTP appends, and ``Insert``s, which make new streams (the endpoint's plain creates):
+each its own statement, all of them in a pipeline after the writes, in a savepoint of their own
+so that one that cannot go in (its lock wait too long) costs the batch's appends nothing. No
+threads, no queue and no retries here (``appender``), and no resolution of a commit that got no
+answer (``resolution``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Final
 
 import psycopg
@@ -105,13 +106,16 @@ class Row:
 class Accepted:
     """What an item's judge lets the batch do: write ``chunks`` (there may be none), close the
     stream, move its ``writer_seq`` on, record the ``producer``'s batch; or nothing, for a
-    producer's batch written already (``duplicate``: the producer's epoch and highest seq)."""
+    producer's batch written already (``duplicate``: the producer's epoch and highest seq).
+    ``refused``: why the item's chunks after ``chunks`` cannot go in (a stream writer's gathered
+    chunks, of which those before a misfit commit): the item fails with it once they have."""
 
     chunks: list[str | bytes]
     closing: bool = False
     writer_seq: str | None = None
     producer: Producer | None = None
     duplicate: tuple[int, int] | None = None
+    refused: BaseException | None = None
     next_offset: int = 0  # the stream as this item leaves it (set by the batch)
     closed: bool = False
 
@@ -125,7 +129,7 @@ class Chain:
     """The items of one stream writer: once one of them fails, the later ones fail with it
     instead of committing after it (a stream with a hole in the middle would look whole). Its
     items have no futures: the appender tells the chain, on its writer's event loop, how many
-    more of them have their results (``settled``)."""
+    more of their chunks have their results (``settled``)."""
 
     __slots__ = ("failure",)
 
@@ -133,7 +137,7 @@ class Chain:
         self.failure: BaseException | None = None  # the first, set by the appender's thread
 
     def settled(self, count: int) -> None:
-        """``count`` more of its items have their results (called on the writer's event loop)."""
+        """``count`` more of its items' chunks have their results (called on the writer's event loop)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -177,9 +181,9 @@ class Item:
 
 @dataclass(slots=True, eq=False)
 class Append(Item):
-    """``append()``, ``aappend()`` and a stream writer's chunk: one text chunk, and the stream's
-    close with it if ``closing``; its result the chunk's offset (None for an idempotent
-    producer's batch written already)."""
+    """``append()`` and ``aappend()``: one text chunk, and the stream's close with it if
+    ``closing``; its result the chunk's offset (None for an idempotent producer's batch written
+    already)."""
 
     data: str = ""
     closing: bool = False
@@ -201,14 +205,62 @@ class Append(Item):
                 return exc
         if row.closed:
             return StreamClosed(f"stream {sid} was closed; create a new stream to write more")
+        return self.fit(row.kind)
+
+    def fit(self, kind: contents.Kind) -> Accepted | BaseException:
+        """What it writes to an open stream of ``kind``, or why it cannot."""
         try:
-            contents.check_fits(row.kind, self.data, sid)
+            contents.check_fits(kind, self.data, self.stream_id)
         except StreamError as exc:
             return exc
         return Accepted([self.data], closing=self.closing, producer=self.producer)
 
     def result(self, row: Row, first: int | None, accepted: Accepted) -> Result:
         return first
+
+
+@dataclass(slots=True, eq=False)
+class Sends(Append):
+    """A stream writer's chunks that wait for a batch together (``gathered``, not ``data``; no
+    close, no producer): its ``send()`` adds to the one it submitted last until the appender
+    takes it (``taken``, set under the appender's lock). One item whatever their number, one
+    object in memory where there would be one per chunk: judged, written and settled as one,
+    except that the chunks before one its stream's content type cannot hold still commit
+    (``Accepted.refused``), and that the appender cuts a lone one in halves as it does a batch
+    (the database refused it, or it did not commit). Its result: its first offset, or why its
+    chunks, or the last of them, failed."""
+
+    gathered: list[str] = field(default_factory=list)
+    chars: int = 0  # of the gathered chunks' data
+    taken: bool = False
+
+    @property
+    def size(self) -> int:
+        return len(self.gathered)
+
+    @property
+    def data_size(self) -> int:
+        return self.chars
+
+    def fit(self, kind: contents.Kind) -> Accepted | BaseException:
+        for k, data in enumerate(self.gathered):
+            try:
+                contents.check_fits(kind, data, self.stream_id)
+            except StreamError as exc:
+                return Accepted(self.gathered[:k], refused=exc) if k else exc
+        return Accepted(self.gathered)
+
+    def result(self, row: Row, first: int | None, accepted: Accepted) -> Result:
+        return first if accepted.refused is None else accepted.refused
+
+    def halves(self) -> tuple[Sends, Sends]:
+        """Its chunks cut in two, in order, each half an item of its own (taken, as it is)."""
+        half = len(self.gathered) // 2
+        first, second = self.gathered[:half], self.gathered[half:]
+        return (
+            replace(self, gathered=first, chars=sum(map(len, first))),
+            replace(self, gathered=second, chars=sum(map(len, second))),
+        )
 
 
 @dataclass(slots=True, eq=False)
@@ -286,6 +338,8 @@ def run(
             if chain is not None:
                 broken[chain] = verdict
             continue
+        if verdict.refused is not None and chain is not None:
+            broken[chain] = verdict.refused
         assert row is not None
         first = _apply(row, verdict)
         verdict.next_offset, verdict.closed = row.next_offset, row.closed
@@ -388,11 +442,15 @@ def _params(
     saved: dict[tuple[uuid.UUID, str], tuple[int, int]] = {}
     for _, row, verdict, first in accepted:
         if first is not None:
-            for k, chunk in enumerate(verdict.chunks):
-                chunk_ids.append(row.id)
-                offsets.append(first + k)
-                texts.append(chunk if isinstance(chunk, str) else None)
-                blobs.append(chunk if isinstance(chunk, bytes) else None)
+            chunks, n = verdict.chunks, len(verdict.chunks)
+            chunk_ids += [row.id] * n
+            offsets += range(first, first + n)
+            if all(type(chunk) is str for chunk in chunks):  # all text (the append path's own)
+                texts += chunks
+                blobs += [None] * n
+            else:
+                texts += [chunk if isinstance(chunk, str) else None for chunk in chunks]
+                blobs += [chunk if isinstance(chunk, bytes) else None for chunk in chunks]
         if verdict.producer is not None:
             saved[(row.id, verdict.producer.id)] = states[(row.id, verdict.producer.id)]
     return {

@@ -54,7 +54,7 @@ class FlusherStats(_Stats):
 @dataclasses.dataclass(slots=True)
 class AppenderStats(_Stats):
     batches: int = 0  # committed
-    appended: int = 0  # items in committed batches (written, or refused for their stream)
+    appended: int = 0  # chunks (items' sizes) in committed batches (written, or refused for their stream)
     retries: int = 0  # batches sent again after they certainly did not commit
     resolved: int = 0  # batches whose commit got no answer, found committed
     splits: int = 0  # batches split because the database refused them whole

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import random
 import threading
 import time
 import uuid
@@ -133,10 +134,12 @@ FOR EACH STATEMENT EXECUTE FUNCTION test_cut_long_batches();
 """
 
 
-def test_a_batch_the_connection_fails_under_every_time_commits_in_halves() -> None:
+@pytest.mark.parametrize("caller", ["aappend", "stream_writer"])
+def test_a_batch_the_connection_fails_under_every_time_commits_in_halves(caller: str) -> None:
     """The appender's backend ends itself whenever a statement inserts more than two chunks (a
-    connection that fails before any long transaction can commit): eight appends queued behind
-    a held batch still commit, two at a time, in order."""
+    connection that fails before any long transaction can commit): eight chunks queued behind a
+    held batch (eight appends, or one stream writer's eight chunks gathered in one item) still
+    commit, two at a time, in order."""
     s = pgstreams.create_stream()
     with connection.cursor() as cursor:
         cursor.execute(CUT_LONG_BATCHES)
@@ -146,8 +149,15 @@ def test_a_batch_the_connection_fails_under_every_time_commits_in_halves() -> No
             with appender_held() as held:
                 first = asyncio.ensure_future(pgstreams.aappend(s.id, "first"))
                 await held.waiting()
-                calls = asyncio.gather(*(pgstreams.aappend(s.id, f"{k}") for k in range(8)), return_exceptions=True)
-                await held.queued(8)
+                if caller == "aappend":
+                    calls = asyncio.gather(*(pgstreams.aappend(s.id, f"{k}") for k in range(8)))
+                    await held.queued(8)
+                else:
+                    w = pgstreams.stream_writer(s.id)
+                    for k in range(8):
+                        await w.send(f"{k}")
+                    assert appender.appender(conf.database()).depth() == 1
+                    calls = asyncio.gather(w.flush())
             return [await first, *await calls]
 
         before = stats().snapshot()
@@ -157,8 +167,8 @@ def test_a_batch_the_connection_fails_under_every_time_commits_in_halves() -> No
             cursor.execute("DROP TRIGGER test_cut_long_batches ON pgstreams_chunk")
             cursor.execute("DROP FUNCTION test_cut_long_batches()")
     done = stats() - before
-    print(f"nine appends, the backend ended under every batch of more than two: {done.retries} sent again")
-    assert results == list(range(9))
+    print(f"{caller}: nine chunks, the backend ended under every batch of more than two: {done.retries} sent again")
+    assert results == (list(range(9)) if caller == "aappend" else [0, None])
     assert stored(s) == [(0, "first")] + [(k + 1, f"{k}") for k in range(8)]
 
 
@@ -288,6 +298,146 @@ def test_a_stream_writer_with_its_limit_in_flight_waits_in_send_and_a_flush_besi
 
     assert asyncio.run(generate())
     assert stored(s) == [(i, f"w{i}") for i in range(6)]
+
+
+def test_a_stream_writers_chunks_sent_while_a_batch_commits_wait_as_one_item() -> None:
+    """A hundred chunks sent while the writer's first batch is held: one item in the queue, not a
+    hundred (one judgement and no object per chunk), committed whole in the next batch."""
+    s = pgstreams.create_stream()
+
+    async def generate() -> int:
+        async with pgstreams.stream_writer(s.id) as w:
+            with appender_held() as held:
+                await w.send("w0")
+                await held.waiting()
+                for i in range(1, 101):
+                    await w.send(f"w{i}")
+                await held.queued(1)
+                depth = appender.appender(conf.database()).depth()
+        return depth
+
+    before = stats().snapshot()
+    assert asyncio.run(generate()) == 1
+    done = stats() - before
+    assert (done.batches, done.appended) == (2, 101)
+    assert stored(s) == [(i, f"w{i}") for i in range(101)]
+
+
+def test_writers_sending_while_the_appender_takes_their_chunks_lose_and_double_none() -> None:
+    """Eight writers send 2,000 chunks each, yielding to the loop at random, while the appender
+    takes their gathered chunks batch after batch: a chunk added as its item is taken either
+    went with it or starts the next; every stream holds its chunks once, in order."""
+    streams = [pgstreams.create_stream() for _ in range(8)]
+
+    async def generate(s: Stream, seed: int) -> None:
+        rng = random.Random(seed)
+        async with pgstreams.stream_writer(s.id) as w:
+            for i in range(2000):
+                await w.send(f"{i}")
+                if rng.random() < 0.25:
+                    await asyncio.sleep(rng.choice((0, 0.001)))
+
+    async def all_of_them() -> None:  # bounded: a chunk lost to its writer's count never settles
+        await asyncio.wait_for(asyncio.gather(*(generate(s, k) for k, s in enumerate(streams))), 60)
+
+    before = stats().snapshot()
+    with override_settings(PGSTREAMS={"APPEND_INTERVAL": 0.002}):
+        asyncio.run(all_of_them())
+    done = stats() - before
+    print(f"8 writers x 2,000 chunks: {done.batches} batches")
+    assert done.appended == 16000
+    for s in streams:
+        assert stored(s) == [(i, f"{i}") for i in range(2000)]
+
+
+def test_a_stream_closed_under_a_writers_gathered_chunks_fails_them_all() -> None:
+    """The writer's stream is closed while its gathered chunks wait behind a held batch of
+    another stream's: none of them is written, the writer raises StreamClosed, and so does its
+    next send."""
+    s, other = pgstreams.create_stream(), pgstreams.create_stream()
+
+    async def generate() -> tuple[int, object, object]:
+        w = pgstreams.stream_writer(s.id)
+        await w.send("w0")
+        await w.flush()
+        with appender_held() as held:
+            elsewhere = asyncio.ensure_future(pgstreams.aappend(other.id, "x"))
+            await held.waiting()
+            for i in range(1, 6):
+                await w.send(f"w{i}")
+            await held.queued(1)
+            depth = appender.appender(conf.database()).depth()
+            await pgstreams.aclose(s.id)
+        flushed = await asyncio.gather(w.flush(), return_exceptions=True)
+        later = await asyncio.gather(w.send("w6"), return_exceptions=True)
+        assert await elsewhere == 0
+        return depth, flushed[0], later[0]
+
+    depth, flushed, later = asyncio.run(generate())
+    assert depth == 1  # the five chunks, one item
+    assert isinstance(flushed, pgstreams.StreamClosed) and isinstance(later, pgstreams.StreamClosed)
+    assert stored(s) == [(0, "w0")] and stored(other) == [(0, "x")]
+
+
+@pytest.mark.parametrize("refuser", ["content type", "database"])
+def test_a_writers_gathered_chunks_commit_up_to_the_one_that_cannot_go_in(refuser: str) -> None:
+    """Gathered behind a held batch, one item, a writer's chunks with a misfit among them (not
+    JSON in a JSON stream: its judge; a CHECK constraint: the database, whose refusal the
+    appender cuts in halves until the misfit stands alone): those before it commit, it and those
+    after it fail, and the writer raises why."""
+    content_type = "application/json" if refuser == "content type" else "text/plain"
+    s = pgstreams.create_stream(content_type=content_type)
+    chunks = ['"a"', '"b"', '"c"', "poison", '"d"', '"e"']
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE pgstreams_chunk ADD CONSTRAINT test_no_poison CHECK (data <> 'poison') NOT VALID")
+    try:
+
+        async def generate() -> int:
+            async with pgstreams.stream_writer(s.id) as w:
+                with appender_held() as held:
+                    await w.send('"w0"')
+                    await held.waiting()
+                    for data in chunks:
+                        await w.send(data)
+                    await held.queued(1)
+                    depth = appender.appender(conf.database()).depth()
+            return depth
+
+        before = stats().snapshot()
+        with pytest.raises(pgstreams.StreamError) as raised:
+            asyncio.run(generate())
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE pgstreams_chunk DROP CONSTRAINT test_no_poison")
+    if refuser == "database":
+        assert "test_no_poison" in str(raised.value) and (stats() - before).splits >= 2
+    else:
+        assert isinstance(raised.value, pgstreams.InvalidChunk) and "one JSON value" in str(raised.value)
+    assert stored(s) == [(0, '"w0"'), (1, '"a"'), (2, '"b"'), (3, '"c"')]
+
+
+def test_a_send_an_appender_refuses_leaves_no_item_behind_for_the_next_sends(monkeypatch) -> None:
+    """A send that meets a stopped appender (one a stop took from under the writer) raises; the
+    writer's next sends go to the process's new appender, every one of them committed, and its
+    flush returns."""
+    s = pgstreams.create_stream()
+    stopped = appender.Appender(conf.database())
+    stopped.stop()
+    current = appender.appender
+
+    async def generate() -> BaseException | None:
+        async with pgstreams.stream_writer(s.id) as w:
+            await w.send("a")
+            monkeypatch.setattr(appender, "appender", lambda alias: stopped)
+            refused = (await asyncio.gather(w.send("lost"), return_exceptions=True))[0]
+            monkeypatch.setattr(appender, "appender", current)
+            await w.send("b")
+            await w.send("c")
+        return refused
+
+    refused = asyncio.run(asyncio.wait_for(generate(), 30))  # bounded: a lost chunk never settles
+    assert isinstance(refused, pgstreams.StreamError) and "stopped" in str(refused)
+    assert stored(s) == [(0, "a"), (1, "b"), (2, "c")]
 
 
 def test_the_stream_writer_raises_when_its_stream_was_closed_under_it() -> None:
