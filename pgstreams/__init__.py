@@ -26,13 +26,13 @@ from .exceptions import (
 )
 
 if TYPE_CHECKING:
-    from .appender import aappend, append, stream_writer
+    from .appends import aappend, append, stream_writer
     from .reader import aread, read
     from .types import Producer, StreamChunk
     from .writer import aclose, acreate_stream, awrite, awrite_many, close, create_stream, write, write_many
 
 _LAZY = {
-    **dict.fromkeys(["append", "aappend", "stream_writer"], "appender"),
+    **dict.fromkeys(["append", "aappend", "stream_writer"], "appends"),
     "StreamChunk": "types",
     "Producer": "types",
     "read": "reader",

@@ -38,7 +38,7 @@ from typing import Any, Final, Literal
 
 from django.http import StreamingHttpResponse
 
-from . import appender, conf, delivery, leases, protocol, threads
+from . import appends, conf, delivery, leases, protocol, threads
 from .exceptions import ChunksPruned, StreamClosed, StreamNotFound
 from .models import Stream
 from .types import StreamChunk, stream_uuid
@@ -125,7 +125,7 @@ async def write_answer(
     ending: Ending = "finish"
     lease = asyncio.create_task(_keep_lease(sid, alias), name=f"pgstreams-aisdk-lease-{sid}")
     try:
-        async with appender.stream_writer(sid, using=alias) as writer:
+        async with appends.stream_writer(sid, using=alias) as writer:
             await writer.send(part("start", messageId=message_id(sid)))
             await writer.send(part("start-step"))
             text: str | None = None  # the open text part's id
@@ -152,7 +152,7 @@ async def write_answer(
                 await writer.send(part("text-end", id=text))
             await writer.send(part("finish-step"))
         last = part("finish") if ending == "finish" else part("error", errorText=ERROR_TEXT)
-        await appender.aappend(sid, last, close=True, using=alias)
+        await appends.aappend(sid, last, close=True, using=alias)
         return ending
     except StreamClosed:
         return "stopped"
@@ -167,7 +167,7 @@ def stop(stream_id: Any, *, reason: str | None = None, using: str | None = None)
     if it had ended already (by ``finish``, ``error`` or another stop; nothing is written).
     Raises StreamNotFound for a stream that does not exist."""
     try:
-        appender.append(stream_id, _abort(reason), close=True, using=using)
+        appends.append(stream_id, _abort(reason), close=True, using=using)
     except StreamClosed:
         return False
     return True
@@ -176,7 +176,7 @@ def stop(stream_id: Any, *, reason: str | None = None, using: str | None = None)
 async def astop(stream_id: Any, *, reason: str | None = None, using: str | None = None) -> bool:
     """``stop()`` for async code."""
     try:
-        await appender.aappend(stream_id, _abort(reason), close=True, using=using)
+        await appends.aappend(stream_id, _abort(reason), close=True, using=using)
     except StreamClosed:
         return False
     return True

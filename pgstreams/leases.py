@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from django.db import connections
 
-from . import appender, conf, threads
+from . import appends, conf, threads
 from .exceptions import StreamClosed
 from .types import stream_uuid
 
@@ -60,7 +60,7 @@ async def aend_if_expired(stream_id: Any, *, using: str | None = None) -> bool:
     if last is None:
         return False
     try:
-        await appender.aappend(stream_id, last, close=True, using=using)
+        await appends.aappend(stream_id, last, close=True, using=using)
     except StreamClosed:
         return False
     return True

@@ -17,7 +17,7 @@ from django.db import connection, transaction
 from django.test import override_settings
 
 import pgstreams
-from pgstreams import appender, conf, db, listener, notify, resolution
+from pgstreams import appender, appends, conf, db, listener, notify, resolution
 from pgstreams import batch as batches
 from pgstreams.durable import creates
 from pgstreams.models import Chunk, Stream
@@ -280,7 +280,7 @@ def test_the_stream_writer_sends_in_order_and_its_exit_waits_for_every_commit() 
 
 
 def test_a_stream_writer_with_its_limit_in_flight_waits_in_send_and_a_flush_beside_it_waits_too(monkeypatch) -> None:
-    monkeypatch.setattr(appender, "WRITER_IN_FLIGHT", 5)
+    monkeypatch.setattr(appends, "WRITER_IN_FLIGHT", 5)
     s = pgstreams.create_stream()
 
     async def generate() -> bool:
@@ -428,9 +428,9 @@ def test_a_send_an_appender_refuses_leaves_no_item_behind_for_the_next_sends(mon
     async def generate() -> BaseException | None:
         async with pgstreams.stream_writer(s.id) as w:
             await w.send("a")
-            monkeypatch.setattr(appender, "appender", lambda alias: stopped)
+            monkeypatch.setattr(appends, "appender", lambda alias: stopped)
             refused = (await asyncio.gather(w.send("lost"), return_exceptions=True))[0]
-            monkeypatch.setattr(appender, "appender", current)
+            monkeypatch.setattr(appends, "appender", current)
             await w.send("b")
             await w.send("c")
         return refused
