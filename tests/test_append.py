@@ -391,8 +391,9 @@ def test_a_writers_gathered_chunks_commit_up_to_the_one_that_cannot_go_in(refuse
     with connection.cursor() as cursor:
         cursor.execute("ALTER TABLE pgstreams_chunk ADD CONSTRAINT test_no_poison CHECK (data <> 'poison') NOT VALID")
     try:
+        depths: list[int] = []  # kept here: the writer's exit raises
 
-        async def generate() -> int:
+        async def generate() -> None:
             async with pgstreams.stream_writer(s.id) as w:
                 with appender_held() as held:
                     await w.send('"w0"')
@@ -400,12 +401,12 @@ def test_a_writers_gathered_chunks_commit_up_to_the_one_that_cannot_go_in(refuse
                     for data in chunks:
                         await w.send(data)
                     await held.queued(1)
-                    depth = appender.appender(conf.database()).depth()
-            return depth
+                    depths.append(appender.appender(conf.database()).depth())
 
         before = stats().snapshot()
         with pytest.raises(pgstreams.StreamError) as raised:
             asyncio.run(generate())
+        assert depths == [1]  # the six chunks, one item
     finally:
         with connection.cursor() as cursor:
             cursor.execute("ALTER TABLE pgstreams_chunk DROP CONSTRAINT test_no_poison")
