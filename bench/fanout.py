@@ -363,6 +363,6 @@ def table(report: dict[str, Any]) -> str:
             f"{row['server']:<8} {row['transport']:<9} {row['shape']:<12} {p['connect_s']:>9} "
             f"{p.get('followed_s', '-'):>11} {p['deliveries_per_s']:>13,.0f} "
             f"{e['p50'] or 0:>7} {e['p99'] or 0:>7} {e['max'] or 0:>7} {p['coverage'] or 0:>9} "
-            f"{p['server_cpu_us_per_delivery'] or 0:>12} {row.get('of_ceiling', '-'):>11}"
+            f"{p['server_cpu_us_per_delivery'] or 0:>12} {row.get('of_ceiling') or '-':>11}"
         )
     return "\n".join(lines)

@@ -1,6 +1,9 @@
 """The fan-out benchmark's ceiling: a minimal raw ASGI application that sends its subscribers, at
 the rate pgstreams is offered, the same bytes pgstreams would send them, encoded once per chunk,
-with nothing else (no database, no Django, no flow control, no acks honoured).
+with nothing else (no database, no Django, no flow control, no acks honoured). It sends as
+pgstreams' fans do, without waiting for one subscriber's send before starting the next
+(``delivery.start``): granian's sends wait for their socket's write, and awaited one after
+another they capped this ceiling at a third of what pgstreams itself delivered.
 
 It answers pgstreams' own URLs, so that the same subscribers (``node/fanout_load.mjs``) follow
 either: ``ws/pgstreams/<id>/`` (WebSocket frames), ``pgstreams/streams/<id>/events`` (SSE) and
@@ -18,6 +21,8 @@ import json
 import time
 from collections import defaultdict
 from typing import Any
+
+from pgstreams import delivery
 
 # stream id or path -> the sends of its subscribers, by kind
 _subscribers: dict[str, dict[str, list[Any]]] = defaultdict(lambda: {"ws": [], "sse": [], "ds-sse": []})
@@ -55,7 +60,7 @@ async def _write(stream: dict[str, str], rate: float, seconds: float) -> None:
             if sends:
                 message = _encoded(kind, stream["id"], offset, data)
                 for send in list(sends):
-                    await send(message)
+                    delivery.start(send(message))
 
 
 async def _until_disconnect(receive: Any) -> None:

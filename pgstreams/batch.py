@@ -33,11 +33,14 @@ from .types import Mark, Producer
 # Durable Streams endpoint judges expiry by the same expression.
 EXPIRY_PASSED = "(expires_at <= clock_timestamp() OR used_at + make_interval(secs => ttl) <= clock_timestamp())"
 # The batch's streams, locked in id order, as they are; those another transaction holds are
-# skipped (SKIP LOCKED): their items wait for a later batch. Expired streams count as gone.
+# skipped (SKIP LOCKED): their items wait for a later batch. Expired streams count as gone. Each
+# row comes back under its place in the array sent, not its id: an int is cheaper to load than a
+# UUID, and the batch has the ids already.
 LOCK_SQL = f"""
-SELECT id, path, owner_id, content_type, next_offset, closed_at IS NOT NULL, writer_seq, ttl, expires_at,
+SELECT w.n::int, content_type, next_offset, closed_at IS NOT NULL, writer_seq, owner_id, ttl, expires_at,
        deleted_at IS NOT NULL OR coalesce({EXPIRY_PASSED}, false)
-FROM pgstreams_stream WHERE id = ANY(%b) ORDER BY id FOR NO KEY UPDATE SKIP LOCKED
+FROM unnest(%b::uuid[]) WITH ORDINALITY AS w(id, n) JOIN pgstreams_stream AS s ON s.id = w.id
+ORDER BY s.id FOR NO KEY UPDATE OF s SKIP LOCKED
 """
 # Which of the streams not locked exist: those are held by another transaction.
 EXISTS_SQL = "SELECT id FROM pgstreams_stream WHERE id = ANY(%s)"
@@ -46,10 +49,11 @@ SELECT p.stream_id, p.producer_id, p.epoch, p.seq
 FROM pgstreams_producer AS p JOIN unnest(%s::uuid[], %s::text[]) AS w(stream_id, producer_id)
   ON p.stream_id = w.stream_id AND p.producer_id = w.producer_id
 """
-# Everything the batch accepted, in one statement, its arrays sent in binary (cheaper to build):
-# the streams' rows move (a closing item closes, writer_seq moves on, a stream with a TTL counts
-# the write as use); the chunks go in; the producers' states move; the commit waits at
-# SYNCHRONOUS_COMMIT, for this transaction only.
+# Everything the batch accepted, in one statement, its arrays sent in binary (cheaper to build),
+# and sent empty where every element would be NULL or false (unnest pads the shorter arrays with
+# NULLs; a NULL ``closing`` closes nothing): the streams' rows move (a closing item closes,
+# writer_seq moves on, a stream with a TTL counts the write as use); the chunks go in; the
+# producers' states move; the commit waits at SYNCHRONOUS_COMMIT, for this transaction only.
 WRITE_SQL = """
 WITH moved AS (
     UPDATE pgstreams_stream AS s
@@ -84,12 +88,11 @@ class Row:
     """One stream as the batch found it, and as it leaves it so far."""
 
     id: uuid.UUID
-    path: str | None
-    owner_id: Any
     content_type: str
     next_offset: int
     closed: bool
     writer_seq: str | None
+    owner_id: Any
     ttl: int | None
     expires_at: Any
     gone: bool  # deleted (a tombstone) or expired: for a writer, no stream
@@ -308,7 +311,8 @@ def run(
     ids = list({item.stream_id: None for item in items if not isinstance(item, Insert)})
     rows: dict[uuid.UUID, Row] = {}
     if ids:
-        rows = {row[0]: Row(*row) for row in conn.execute(LOCK_SQL, [ids], prepare=prepare).fetchall()}
+        found = conn.execute(LOCK_SQL, [ids], prepare=prepare).fetchall()
+        rows = {row.id: row for row in (Row(ids[n - 1], *rest) for n, *rest in found)}
     if len(rows) < len(ids):
         missing = [sid for sid in ids if sid not in rows]
         held = held | {sid for (sid,) in conn.execute(EXISTS_SQL, [missing]).fetchall()}
@@ -439,6 +443,7 @@ def _params(
     offsets: list[int] = []
     texts: list[str | None] = []
     blobs: list[bytes | None] = []
+    any_bytes = False
     saved: dict[tuple[uuid.UUID, str], tuple[int, int]] = {}
     for _, row, verdict, first in accepted:
         if first is not None:
@@ -451,17 +456,18 @@ def _params(
             else:
                 texts += [chunk if isinstance(chunk, str) else None for chunk in chunks]
                 blobs += [chunk if isinstance(chunk, bytes) else None for chunk in chunks]
+                any_bytes = True
         if verdict.producer is not None:
             saved[(row.id, verdict.producer.id)] = states[(row.id, verdict.producer.id)]
     return {
         "ids": [row.id for row in moved],
         "next": [row.next_offset for row in moved],
-        "closing": [row.closing for row in moved],
-        "seqs": [row.writer_seq for row in moved],
+        "closing": [row.closing for row in moved] if any(row.closing for row in moved) else [],
+        "seqs": [row.writer_seq for row in moved] if any(row.writer_seq is not None for row in moved) else [],
         "chunk_ids": chunk_ids,
         "offsets": offsets,
         "texts": texts,
-        "blobs": blobs,
+        "blobs": blobs if any_bytes else [],
         "producer_ids": [sid for sid, _ in saved],
         "producer_names": [name for _, name in saved],
         "epochs": [epoch for epoch, _ in saved.values()],
