@@ -85,7 +85,8 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
         if self.position > stream.next_offset:
             return await self.refuse(BAD_REQUEST, protocol.past_end(self.position, stream))
         # The bytes of a chunks frame around its items: the same for every frame of this socket.
-        self.envelope = len(protocol.chunks_frame("0" * 2 * FRAME_ID_BYTES, self.stream_id, ""))
+        self.stream_text = str(self.stream_id)  # as its frames name it: a UUID's str() is Python code
+        self.envelope = len(protocol.chunks_frame("0" * 2 * FRAME_ID_BYTES, self.stream_text, ""))
         self.send_raw = _unwrapped(self.base_send)
         self.sending: asyncio.Task[None] | None = None  # a frame's send that had to wait
         self.outbox: deque[dict[str, Any]] = deque()  # frames to send after it
@@ -165,7 +166,7 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
         read but does not fit is dropped, not held: it is read again once the client makes room."""
         async with contextlib.aclosing(afollow(self.stream_id, from_offset=self.position)) as batches:
             async for progress in batches:
-                if not self.send_what_fits(progress.chunks):
+                if not self.send_what_fits(progress):
                     return FULL
                 if progress.closed:
                     return delivery.END
@@ -175,18 +176,20 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
 
     def take(self, progress: Progress) -> bool:
         """``delivery.Follower``: send a round's chunks, if the window takes them all."""
-        return self.send_what_fits(progress.chunks)
+        return self.send_what_fits(progress)
 
-    def send_what_fits(self, batch: list[StreamChunk]) -> bool:
-        """Send ``batch`` in frames while the window has room; False if it filled first."""
+    def send_what_fits(self, progress: Progress) -> bool:
+        """Send ``progress``' chunks in frames while the window has room; False if it filled first."""
+        batch, size = progress.chunks, progress.size
         while batch:
             if self.window_full():
                 return False
-            batch = self.send_frame(batch)
+            batch, size = self.send_frame(batch, size), None
         return True
 
-    def send_frame(self, batch: list[StreamChunk]) -> list[StreamChunk]:
-        """Send the first chunks of ``batch`` that fit the window in one frame; return the rest.
+    def send_frame(self, batch: list[StreamChunk], size: int | None = None) -> list[StreamChunk]:
+        """Send the first chunks of ``batch`` (of ``size`` characters or bytes of data, if known)
+        that fit the window in one frame; return the rest.
         A whole batch that fits goes as the items every subscriber at it sends (``delivery``);
         a frame of a batch split to fit is this socket's own (and counted by it). The frame is
         sent without waiting, after those sent before it."""
@@ -194,7 +197,9 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
         max_items = WINDOW_CHUNKS - (self.position - self.acked_to)
         max_bytes = min(FRAME_BYTES, WINDOW_BYTES - self.unacked_bytes) - self.envelope
         # Its data's length is less than its items' bytes: a batch longer than that is split.
-        fits = len(batch) <= max_items and sum(len(chunk.data) for chunk in batch) <= max_bytes
+        if size is None:
+            size = sum(len(chunk.data) for chunk in batch)
+        fits = len(batch) <= max_items and size <= max_bytes
         if fits:
             items, items_bytes = delivery.shared("ws", batch, protocol.batch_items)
             fits = items_bytes <= max_bytes
@@ -210,7 +215,7 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
         size = self.envelope + items_bytes
         self.unacked.append((frame, self.position, size))
         self.unacked_bytes += size
-        self.send_soon({"type": "websocket.send", "text": protocol.chunks_frame(frame, self.stream_id, items)})
+        self.send_soon({"type": "websocket.send", "text": protocol.chunks_frame(frame, self.stream_text, items)})
         return batch[len(sent) :]
 
     def send_soon(self, message: dict[str, Any]) -> None:

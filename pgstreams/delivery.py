@@ -207,7 +207,7 @@ class _Inbox:
 
     def __init__(self, position: int, idle: float | None) -> None:
         self.position = position
-        self.batches: collections.deque[tuple[Progress, int]] = collections.deque()  # and its data's size
+        self.batches: collections.deque[Progress] = collections.deque()
         self.chunks = self.bytes = 0  # waiting
         self.waiter: asyncio.Future[None] | None = None  # the reader's, while it waits
         self.heard = False  # a batch came in the current interval
@@ -215,21 +215,21 @@ class _Inbox:
         self.ticking = None if idle is None else asyncio.get_running_loop().call_later(idle, self.tick, idle)
 
     def take(self, progress: Progress) -> bool:
-        size = sum(len(chunk.data) for chunk in progress.chunks)
+        size = progress.size
         if self.batches and (self.chunks + len(progress.chunks) > INBOX_CHUNKS or self.bytes + size > INBOX_BYTES):
             return False
         self.chunks += len(progress.chunks)
         self.bytes += size
-        self.batches.append((progress, size))
+        self.batches.append(progress)
         self.position = progress.chunks[-1].offset + 1
         self.heard = True
         self.wake()
         return True
 
     def next(self) -> Progress:
-        progress, size = self.batches.popleft()
+        progress = self.batches.popleft()
         self.chunks -= len(progress.chunks)
-        self.bytes -= size
+        self.bytes -= progress.size
         return progress
 
     def wake(self, *_: object) -> None:

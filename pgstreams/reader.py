@@ -149,6 +149,7 @@ class Progress:
     chunks: list[StreamChunk]
     caught_up: bool  # no chunk after these was known to exist
     closed: bool  # the stream is closed and these are its last chunks
+    size: int = 0  # of the chunks' data (characters of text, bytes): summed once for its followers
 
 
 async def afollow(
@@ -177,5 +178,6 @@ async def afollow(
                 return
             if chunks:  # empty: the wait is over, ask again
                 tail = reading.tail
-                yield Progress(chunks, reading.pos >= tail.hint, tail.final is not None and reading.pos >= tail.final)
+                closed = tail.final is not None and reading.pos >= tail.final
+                yield Progress(chunks, reading.pos >= tail.hint, closed, sum(len(chunk.data) for chunk in chunks))
                 reading.renew()
