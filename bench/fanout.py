@@ -357,12 +357,12 @@ def table(report: dict[str, Any]) -> str:
                 + (f"; the raw app: {raw['kib_per_connection']} KiB each" if raw else "")
             )
             continue
-        p = row["pgstreams"]
+        p, ratio = row["pgstreams"], row.get("of_ceiling")
         e = p["e2e_ms"]
         lines.append(
             f"{row['server']:<8} {row['transport']:<9} {row['shape']:<12} {p['connect_s']:>9} "
             f"{p.get('followed_s', '-'):>11} {p['deliveries_per_s']:>13,.0f} "
             f"{e['p50'] or 0:>7} {e['p99'] or 0:>7} {e['max'] or 0:>7} {p['coverage'] or 0:>9} "
-            f"{p['server_cpu_us_per_delivery'] or 0:>12} {row.get('of_ceiling') or '-':>11}"
+            f"{p['server_cpu_us_per_delivery'] or 0:>12} {'-' if ratio is None else ratio:>11}"
         )
     return "\n".join(lines)

@@ -1,9 +1,11 @@
 """The fan-out benchmark's ceiling: a minimal raw ASGI application that sends its subscribers, at
 the rate pgstreams is offered, the same bytes pgstreams would send them, encoded once per chunk,
-with nothing else (no database, no Django, no flow control, no acks honoured). It sends as
-pgstreams' fans do, without waiting for one subscriber's send before starting the next
-(``delivery.start``): granian's sends wait for their socket's write, and awaited one after
-another they capped this ceiling at a third of what pgstreams itself delivered.
+with nothing else (no database, no Django, no flow control, no acks honoured). It starts each
+subscriber's send without waiting for the one before it to finish (``delivery.start``), as
+pgstreams' fans do: granian's sends wait for their socket's write, and awaited one after another
+they capped this ceiling at a third of what pgstreams itself delivered. Unlike pgstreams, it does
+not hold a socket's next frame until its last has gone: the subscribers count any frame out of
+order as a gap.
 
 It answers pgstreams' own URLs, so that the same subscribers (``node/fanout_load.mjs``) follow
 either: ``ws/pgstreams/<id>/`` (WebSocket frames), ``pgstreams/streams/<id>/events`` (SSE) and
@@ -60,7 +62,9 @@ async def _write(stream: dict[str, str], rate: float, seconds: float) -> None:
             if sends:
                 message = _encoded(kind, stream["id"], offset, data)
                 for send in list(sends):
-                    delivery.start(send(message))
+                    if (task := delivery.start(send(message))) is not None:
+                        _tasks.add(task)
+                        task.add_done_callback(_tasks.discard)
 
 
 async def _until_disconnect(receive: Any) -> None:

@@ -212,9 +212,9 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
             metrics.observe_delivery(sent)
         # Counted before it is sent: a fast client's ack may come back before send() returns.
         self.position = sent[-1].offset + 1
-        size = self.envelope + items_bytes
-        self.unacked.append((frame, self.position, size))
-        self.unacked_bytes += size
+        frame_bytes = self.envelope + items_bytes
+        self.unacked.append((frame, self.position, frame_bytes))
+        self.unacked_bytes += frame_bytes
         self.send_soon({"type": "websocket.send", "text": protocol.chunks_frame(frame, self.stream_text, items)})
         return batch[len(sent) :]
 

@@ -289,7 +289,7 @@ async def afollow(stream_id: uuid.UUID, *, from_offset: int = 0, idle: float | N
                     break
                 if inbox.owed:
                     inbox.owed = False
-                    yield Progress([], caught_up=True, closed=False)  # idle: a keepalive
+                    yield Progress([], caught_up=True, closed=False, size=0)  # idle: a keepalive
                     continue
                 await inbox.wait()
         finally:

@@ -149,7 +149,7 @@ class Progress:
     chunks: list[StreamChunk]
     caught_up: bool  # no chunk after these was known to exist
     closed: bool  # the stream is closed and these are its last chunks
-    size: int = 0  # of the chunks' data (characters of text, bytes): summed once for its followers
+    size: int  # of the chunks' data (characters of text, bytes): summed once, for all who take it
 
 
 async def afollow(
@@ -171,7 +171,7 @@ async def afollow(
             except TimeoutError:
                 if idle is None:
                     raise
-                yield Progress([], caught_up=True, closed=False)
+                yield Progress([], caught_up=True, closed=False, size=0)
                 reading.renew()
                 continue
             if chunks is None:
