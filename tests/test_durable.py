@@ -522,6 +522,15 @@ async def test_the_shortcut_checks_the_host_and_applies_the_security_middleware(
         assert [a.status_code for a in answers] == [400, 400, 400]
         assert not any(b"the data" in a.content for a in answers)
         assert (await client.get(url("shortcut/host"))).content == b"the data"
+    without_common = [name for name in settings.MIDDLEWARE if name != "django.middleware.common.CommonMiddleware"]
+    with OPEN, override_settings(MIDDLEWARE=without_common):  # the host is then checked by the shortcut alone
+        async with shortcut() as client:
+            refused = [
+                await client.get(url("shortcut/host"), headers=rebinding),
+                await client.put(url("shortcut/rebound"), headers={**rebinding, "Content-Type": "text/plain"}),
+            ]
+            assert [a.status_code for a in refused] == [400, 400]
+    assert not await Stream.objects.filter(path="shortcut/rebound").aexists()
     with override_settings(SECURE_SSL_REDIRECT=True, SECURE_HSTS_SECONDS=3600):
         async with shortcut() as client:
             plain = await client.get(url("shortcut/host"))
@@ -529,6 +538,30 @@ async def test_the_shortcut_checks_the_host_and_applies_the_security_middleware(
         async with shortcut("https") as secure:
             answer = await secure.get(url("shortcut/host"))
             assert answer.status_code == 200 and answer.headers["Strict-Transport-Security"] == "max-age=3600"
+
+
+async def test_the_shortcut_serves_a_project_under_a_script_prefix() -> None:
+    """Under ASGI's ``root_path``, the endpoint's URLs are the prefixed ones: a fork may name its
+    source by such a URL, and a request without the prefix after it is served unprefixed."""
+    from django.core.asgi import get_asgi_application
+
+    from pgstreams.durable.asgi import DurableStreamsFirst
+
+    source = await pgstreams.acreate_stream(path="prefixed/source")
+    await pgstreams.awrite(source.id, "inherited")
+    app = DurableStreamsFirst(get_asgi_application())
+    prefixed = httpx.AsyncClient(transport=httpx.ASGITransport(app=app, root_path="/app"), base_url="http://127.0.0.1")
+    plain = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1")
+    with OPEN:
+        async with prefixed, plain:
+            forked = await prefixed.put(
+                "/app" + url("prefixed/fork"), headers={"Stream-Forked-From": "/app" + url("prefixed/source")}
+            )
+            assert forked.status_code == 201, forked.text
+            assert forked.headers["Location"] == "http://127.0.0.1/app" + url("prefixed/fork")
+            assert (await prefixed.get("/app" + url("prefixed/fork"))).content == b"inherited"
+            again = await plain.put(url("prefixed/again"), headers={"Stream-Forked-From": url("prefixed/source")})
+            assert again.status_code == 201 and again.headers["Location"] == "http://127.0.0.1" + url("prefixed/again")
 
 
 async def test_the_shortcut_sends_anonymous_readers_to_log_in_where_the_site_requires_it() -> None:

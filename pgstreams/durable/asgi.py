@@ -33,6 +33,7 @@ from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler, ASGIRequest, get_script_prefix
 from django.core.handlers.exception import response_for_exception
 from django.http import HttpResponseBase
+from django.urls import get_script_prefix as current_script_prefix
 from django.urls import reverse, set_script_prefix
 from django.urls.converters import UUIDConverter
 from django.utils.functional import SimpleLazyObject
@@ -112,6 +113,8 @@ class _Handler(ASGIHandler):
         present = set(settings.MIDDLEWARE)
         self.sessions = SESSIONS in present
         self.authentication = AUTHENTICATION in present
+        # CommonMiddleware asks the request's host first thing (DisallowedHost): once is enough.
+        self.checks_host = COMMON not in present
         # The hooks of the middleware it runs itself, in MIDDLEWARE's order; none does any I/O.
         hooks = {name: import_string(name)(_never) for name in (SECURITY, COMMON, LOGIN_REQUIRED, X_FRAME)}
         ordered = [hooks[name] for name in settings.MIDDLEWARE if name in hooks]
@@ -124,7 +127,9 @@ class _Handler(ASGIHandler):
             body_file = await self.read_body(receive)
         except RequestAborted:
             return
-        set_script_prefix(get_script_prefix(scope))
+        prefix = get_script_prefix(scope)
+        if (prefix if prefix.endswith("/") else f"{prefix}/") != current_script_prefix():  # cheaper than setting it
+            set_script_prefix(prefix)
         request = ASGIRequest(scope, body_file)
         if request.method != "GET":
             # A write or a HEAD answers as soon as it is done; cancelled when its client went
@@ -166,7 +171,8 @@ class _Handler(ASGIHandler):
 
     async def _get_response(self, request: ASGIRequest) -> HttpResponseBase:
         """What the middleware and the view would answer, in Django's order."""
-        request.get_host()  # DisallowedHost (400) unless ALLOWED_HOSTS has it, as Django checks
+        if self.checks_host:
+            request.get_host()  # DisallowedHost (400) unless ALLOWED_HOSTS has it, as Django checks
         self._authenticate(request)
         route = self.route(request.path_info, request.method or "")
         assert route is not None  # __call__ routed the request here by the same path
