@@ -459,11 +459,13 @@ def _params(
                 any_bytes = True
         if verdict.producer is not None:
             saved[(row.id, verdict.producer.id)] = states[(row.id, verdict.producer.id)]
+    closing = [row.closing for row in moved]
+    seqs = [row.writer_seq for row in moved]
     return {
         "ids": [row.id for row in moved],
         "next": [row.next_offset for row in moved],
-        "closing": [row.closing for row in moved] if any(row.closing for row in moved) else [],
-        "seqs": [row.writer_seq for row in moved] if any(row.writer_seq is not None for row in moved) else [],
+        "closing": closing if any(closing) else [],
+        "seqs": seqs if any(seq is not None for seq in seqs) else [],
         "chunk_ids": chunk_ids,
         "offsets": offsets,
         "texts": texts,
