@@ -1,6 +1,6 @@
 """pgstreams_bench in a tiny configuration, so that it keeps working: every mode, the pgbench
-ceiling, the WebSocket mode, the replica sweep, the LLM shape (every write method), the JSON and
-the plot."""
+ceiling, the WebSocket mode, the replica sweep, the fan-out shapes, the Durable Streams load, the
+LLM shape (every write method), the JSON and the plot."""
 
 from __future__ import annotations
 
@@ -103,6 +103,31 @@ def test_a_tiny_fanout_run_over_every_transport(tmp_path) -> None:
             assert (figures["coverage"], figures["duplicates"], figures["gaps"]) == (1.0, 0, 0), (row, part)
             assert figures["connect_s"] > 0 and figures["errors"] == []
     assert "connect s" in done.stdout
+
+
+def test_a_tiny_durable_run_loads_the_reference_and_pgstreams_alike(tmp_path) -> None:
+    """Every part of the Durable Streams load runs against both servers: appends, creates and
+    catch-up reads none failed, every live reader got every append."""
+    out = tmp_path / "durable.json"
+    command = [sys.executable, "manage.py", "pgstreams_bench", "--durable", "--duration", "1", "--connections", "3"]
+    command += ["--paced-streams", "2", "--paced-rate", "5", "--processes", "1", "--servers", "daphne"]
+    env = {**os.environ, "DATABASE_URL": subprocess_database_url()}
+    done = subprocess.run(
+        command + ["--json", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = json.loads(out.read_text())["runs"]
+    assert list(runs) == ["reference, file-backed", "pgstreams, 1 daphne process"]
+    for name, run in runs.items():
+        assert run["failed"] == {}, name
+        [appends] = run["appends"]
+        assert appends["connections"] == 3 and appends["appends"] > 0 and appends["failed"] == 0, name
+        assert run["creates"]["creates"] > 0 and run["creates"]["failed"] == 0, name
+        assert run["catch_up"]["whole_reads"] > 0 and run["catch_up"]["failed"] == 0, name
+        assert (run["paced"]["failed"], run["paced"]["missed"]) == (0, 0), name
+        for live in ("long_poll", "sse"):
+            assert run[live]["deliveries"] > 0 and run[live]["missed"] == 0, (name, live)
+    assert "catch-up reads, MB/s" in done.stdout
 
 
 def test_replica_writers_must_be_positive_numbers() -> None:
