@@ -1,6 +1,8 @@
 """ASGI entry point of the demo site: HTTP (with static files, and pgstreams' Durable Streams
-endpoint straight to its view) and pgstreams' WebSocket routes."""
+endpoint straight to its view) and pgstreams' WebSocket routes. The objects loaded at start are
+frozen out of the garbage collector (docs/GUIDE.md, "Deployment")."""
 
+import gc
 import os
 
 from django.core.asgi import get_asgi_application
@@ -23,3 +25,8 @@ application = ProtocolTypeRouter(
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
+
+# Everything loaded so far lives as long as the process: the collector's full passes need not walk
+# it again (they set the tail of an append's latency: BENCHMARKS, "The collector's full passes").
+gc.collect()
+gc.freeze()

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -16,7 +18,7 @@ import websockets
 
 import pgstreams
 from demo_project.chat import llm
-from tests.helpers import ROOT, in_thread
+from tests.helpers import ROOT, in_thread, subprocess_database_url
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess]
 
@@ -241,6 +243,18 @@ def test_the_official_durable_streams_client_reads_the_same_answer(demo_server: 
     page.wait_for_url("**/official-client/")
     page.wait_for_selector("#status[data-state=done]")
     assert answer_of(page) == "".join(llm.answer(prompt))
+
+
+def test_the_demo_application_starts_with_its_start_up_objects_frozen_out_of_the_collector() -> None:
+    """What the guide advises (gc.freeze once the application has loaded), the demo does: the
+    benchmark's servers run it."""
+    env = {**os.environ, "DATABASE_URL": subprocess_database_url()}
+    script = "import gc, demo_project.asgi; print(gc.get_freeze_count())"
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout) > 10_000  # Django, the apps, the URLconf, pgstreams
 
 
 def test_the_vendored_client_is_the_pinned_package() -> None:
