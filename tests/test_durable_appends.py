@@ -194,6 +194,29 @@ async def test_an_async_rule_is_awaited_and_an_owners_small_appends_to_a_remembe
     assert await stored("owned") == ["a", "b", "c", large]
 
 
+async def test_a_stream_made_by_a_plain_put_takes_its_first_append_without_a_lookup(monkeypatch) -> None:
+    """A client's PUT then POST: the create remembers its stream, so the append needs no thread's
+    hop and no query to find it; and the batch still checks it, as for any remembered stream."""
+    found = []
+    real_find = appends._find
+
+    async def counted_find(*args, **kwargs):
+        found.append(args[1])
+        return await real_find(*args, **kwargs)
+
+    monkeypatch.setattr(appends, "_find", counted_find)
+    client = AsyncClient()
+    with override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": EVERYONE}):
+        assert (await put(client, "fresh")).status_code == 201
+        assert (await post(client, "fresh", "first")).status_code == 204
+        assert found == []
+        await Stream.objects.filter(path="fresh").adelete()  # by another process, say
+        made = await pgstreams.acreate_stream(path="fresh")
+        assert (await post(client, "fresh", "second")).status_code == 204
+    assert found == ["fresh"]  # the stream it remembered was gone: looked up again
+    assert [c.data async for c in Chunk.objects.filter(stream=made)] == ["second"]
+
+
 class RefusesWritesAsynchronously:
     """A rule whose ``__call__`` is ``async def``: a coroutine function to no check of the
     callable itself, whose answer must still be awaited, not taken as true."""

@@ -6,7 +6,8 @@ across requests and streams, in one transaction per batch. The request waits for
 the event loop, holding no thread.
 
 Where a path leads is remembered per process (``PATHS`` of them, for ``PATH_SECONDS`` each, the
-least used forgotten first), so that an append costs no lookup: the batch checks that the stream
+least used forgotten first; a plain create remembers the stream it made), so that an append costs
+no lookup: the batch checks that the stream
 it locks is still the one found there (not deleted, expired, or given another owner); if it is
 not, nothing is written and the request is done again from a fresh lookup. A stream's id, path
 and content type never change, so no entry can lead a chunk to another stream. The rule
@@ -146,7 +147,7 @@ async def post(
     while True:  # at most twice: the second time from a fresh lookup
         stream, chunks = await _found(request, path, body, closing=closing, known=known)
         if stream is not known:
-            _remember(path, stream)
+            remember(path, stream)
         item = DurableAppend(
             stream.id,
             loop.create_future(),
@@ -217,7 +218,9 @@ def _remembered(path: str) -> Stream | None:
         return found[0]
 
 
-def _remember(path: str, stream: Stream) -> None:
+def remember(path: str, stream: Stream) -> None:
+    """Remember ``stream`` at ``path``, as it is now (``creates`` remembers the streams it makes,
+    so that their first append needs no lookup)."""
     paths = _paths.get()
     with paths.lock:
         paths.streams[path] = (stream, time.monotonic())

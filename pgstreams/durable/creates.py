@@ -4,7 +4,8 @@ first (``store.allowed``, about None when the path holds no stream).
 
 A plain create (no fork, no body, not closed: what clients send before their appends) whose rule
 allows it is one insert, committed by the appender with the other appends and creates in flight
-in the process, while the request waits on the event loop (``plain``); then Django's
+in the process, while the request waits on the event loop (``plain``), and the stream is
+remembered for the appends that follow (``appends.remember``); then Django's
 ``post_save`` (with a ``pre_save`` receiver for ``Stream``, the ORM's save makes it instead). The
 insert waits at most LOCK_WAIT for another transaction making a stream at the same path, and
 writes nothing when the path is taken: the create is then done the long way (``create``), on
@@ -31,7 +32,7 @@ from ..exceptions import StreamError
 from ..models import Stream, media_type
 from ..types import Mark
 from ..writer import after_commit, pgstreams_cursor
-from . import wire
+from . import appends, wire
 from .store import LOCK_WAIT, State, aallowed, allowed, body_chunks, bound_lock_waits, busy_if_held, lookup
 from .wire import Refused
 
@@ -238,6 +239,7 @@ async def plain(request: Any, path: str, wanted: Wanted, body: bytes) -> State |
     if not made:
         return None
     stream._state.adding, stream._state.db = False, alias
+    appends.remember(path, stream)  # its first append needs no lookup (a thread's hop and a query)
     if post_save.has_listeners(Stream):
         await _saved(stream, alias)
     return State.of(stream)
