@@ -36,6 +36,20 @@ def no_paths_remembered() -> None:
     appends._paths.get().streams.clear()
 
 
+@pytest.fixture
+def found(monkeypatch) -> list[str]:
+    """The paths appends looked up (``store.find`` on a thread), in order."""
+    paths: list[str] = []
+    real_find = appends._find
+
+    async def counted_find(*args, **kwargs):
+        paths.append(args[1])
+        return await real_find(*args, **kwargs)
+
+    monkeypatch.setattr(appends, "_find", counted_find)
+    return paths
+
+
 def url(path: str) -> str:
     return f"/pgstreams/v1/stream/{path}"
 
@@ -160,7 +174,7 @@ async def owners_only_on_the_loop(request, action: str, path: str, stream) -> bo
 
 
 async def test_an_async_rule_is_awaited_and_an_owners_small_appends_to_a_remembered_stream_hold_no_thread(
-    monkeypatch,
+    found: list[str],
 ) -> None:
     """Appends to a stream the process remembers, with an ``async def`` rule and a body of at
     most LOOP_BODY_BYTES, are judged on the event loop: no lookup on a thread. The first append
@@ -172,14 +186,6 @@ async def test_an_async_rule_is_awaited_and_an_owners_small_appends_to_a_remembe
     await owner.aforce_login(first)
     await stranger.aforce_login(second)
     await pgstreams.acreate_stream(path="owned", owner=first)
-    found = []
-    real_find = appends._find
-
-    async def counted_find(*args, **kwargs):
-        found.append(args[1])
-        return await real_find(*args, **kwargs)
-
-    monkeypatch.setattr(appends, "_find", counted_find)
     large = "x" * (appends.LOOP_BODY_BYTES + 1)
     with override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": "tests.test_durable_appends.owners_only_on_the_loop"}):
         answers = [await post(owner, "owned", body) for body in ("a", "b", "c")]
@@ -194,17 +200,9 @@ async def test_an_async_rule_is_awaited_and_an_owners_small_appends_to_a_remembe
     assert await stored("owned") == ["a", "b", "c", large]
 
 
-async def test_a_stream_made_by_a_plain_put_takes_its_first_append_without_a_lookup(monkeypatch) -> None:
+async def test_a_stream_made_by_a_plain_put_takes_its_first_append_without_a_lookup(found: list[str]) -> None:
     """A client's PUT then POST: the create remembers its stream, so the append needs no thread's
     hop and no query to find it; and the batch still checks it, as for any remembered stream."""
-    found = []
-    real_find = appends._find
-
-    async def counted_find(*args, **kwargs):
-        found.append(args[1])
-        return await real_find(*args, **kwargs)
-
-    monkeypatch.setattr(appends, "_find", counted_find)
     client = AsyncClient()
     with override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": EVERYONE}):
         assert (await put(client, "fresh")).status_code == 201
