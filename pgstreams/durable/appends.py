@@ -9,11 +9,10 @@ Where a path leads is remembered per process (``PATHS`` of them, for ``PATH_SECO
 least used forgotten first; a plain create remembers the stream it made), so that an append costs
 no lookup: the batch checks that the stream it locks is still the one found there (not deleted,
 expired, or given another owner); if it is not, nothing is written and the request is done again
-from a fresh lookup. A stream's id, path
-and content type never change, so no entry can lead a chunk to another stream. The rule
-(``DURABLE_AUTHORIZE``) is asked at every request, about the stream as it was remembered; an
-``async def`` rule, on the event loop, so that an append to a remembered stream with a small
-body holds no thread (the rule's own queries, if any, take theirs).
+from a fresh lookup. A stream's id, path and content type never change, so no entry can lead a
+chunk to another stream. The rule (``DURABLE_AUTHORIZE``) is asked at every request, about the
+stream as it was remembered; an ``async def`` rule, on the event loop, so that an append to a
+remembered stream with a small body holds no thread (the rule's own queries, if any, take theirs).
 
 Inside the batch each append is judged on its own, in the order the protocol checks a POST: the
 producer's epoch and seq, the stream's closure, the content type, ``Stream-Seq``, the body; a
