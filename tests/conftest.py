@@ -23,7 +23,7 @@ from django.db.backends.base.creation import TEST_DATABASE_PREFIX
 
 from bench.servers import SERVERS, server_command
 from pgstreams import appender, listener, notify, threads
-from tests.helpers import ROOT, free_port, subprocess_database_url
+from tests.helpers import ROOT, free_port, in_thread, subprocess_database_url
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -145,35 +145,54 @@ def serving(
             proc.wait(10)
 
 
-@pytest.fixture
-def demo_server() -> Iterator[str]:
-    """``manage.py demo`` (daphne) on a free loopback port, against the test database."""
+@pytest.fixture(scope="module")
+def demo_process(django_db_setup: None) -> Iterator[str]:
+    """``manage.py demo`` (daphne) on a free loopback port, against the test database; one per
+    module (a server keeps no state a test relies on: it reads the database afresh)."""
     port = free_port()
     command = [sys.executable, "manage.py", "demo", "--addrport", f"127.0.0.1:{port}"]
     with serving(command, port, first_line="pgstreams demo on http://127.0.0.1") as host:
         yield host
 
 
-@pytest.fixture(params=SERVERS)
-def any_server(request) -> Iterator[str]:
+@pytest.fixture
+def demo_server(demo_process: str, transactional_db: None) -> str:
+    """The module's demo, with its user: ``manage.py demo`` made it as it started, and the end of
+    each test empties the test database."""
+    from demo_project.chat.management.commands.demo import ensure_demo_user
+
+    in_thread(ensure_demo_user)  # a module's browser runs an event loop in this thread
+    return demo_process
+
+
+@pytest.fixture(scope="module", params=SERVERS)
+def any_server(request, django_db_setup: None) -> Iterator[str]:
     """The demo's ASGI application under each supported server in turn (daphne, uvicorn, granian),
     on a free loopback port, against the test database, with its Durable Streams endpoint open to
-    anyone (DEMO_OPEN_DURABLE_STREAMS=1). The test's id names the server."""
-    port = free_port()
-    command = server_command(request.param, "demo_project.asgi:application", port)
-    with serving(command, port, env={"DEMO_OPEN_DURABLE_STREAMS": "1"}) as host:
+    anyone (DEMO_OPEN_DURABLE_STREAMS=1); one of each per module. The test's id names the server."""
+    with open_server(request.param) as host:
         yield host
 
 
-@pytest.fixture
-def open_durable_server() -> Iterator[str]:
+@pytest.fixture(scope="module")
+def open_durable_server(django_db_setup: None) -> Iterator[str]:
     """The demo's ASGI application under daphne on a free loopback port, against the test
-    database, with its Durable Streams endpoint open to anyone (DEMO_OPEN_DURABLE_STREAMS=1)."""
-    port = free_port()
-    with serving(
-        server_command("daphne", "demo_project.asgi:application", port), port, env={"DEMO_OPEN_DURABLE_STREAMS": "1"}
-    ) as host:
+    database, with its Durable Streams endpoint open to anyone (DEMO_OPEN_DURABLE_STREAMS=1); one
+    per module."""
+    with open_server("daphne") as host:
         yield host
+
+
+@contextlib.contextmanager
+def open_server(server: str) -> Iterator[str]:
+    """The demo's ASGI application under ``server`` with its Durable Streams endpoint open to
+    anyone, until the block ends; yields its host:port."""
+    port = free_port()
+    with serving(server_command(server, "demo_project.asgi:application", port), port, env=OPEN_DURABLE) as host:
+        yield host
+
+
+OPEN_DURABLE = {"DEMO_OPEN_DURABLE_STREAMS": "1"}
 
 
 @pytest.fixture(scope="session")
@@ -191,8 +210,10 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
 @pytest.fixture
-def page():
-    """A page of Debian's Chromium, headless, driven by Playwright (no browser is downloaded)."""
+def page() -> Iterator[Any]:
+    """A page of Debian's Chromium, headless, driven by Playwright (no browser is downloaded). Its
+    own for each test: Playwright's sync API runs an event loop in this thread while it lives,
+    where the end of the test must query the database."""
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"Chromium is not installed at {CHROMIUM} (apt-get install -y chromium)")
     from playwright.sync_api import sync_playwright
