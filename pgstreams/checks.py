@@ -39,7 +39,10 @@ def check_database(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         return [
             Error(
                 f"pgstreams needs PostgreSQL, but database {alias!r} is {vendor}",
-                hint="Point PGSTREAMS['DATABASE'] at a PostgreSQL database (12 or newer).",
+                hint=(
+                    "Point PGSTREAMS['DATABASE'] (default: 'default') at a PostgreSQL database, "
+                    "with ENGINE 'django.db.backends.postgresql'; PostgreSQL 15 and 18 are tested."
+                ),
                 id="pgstreams.E001",
             )
         ]

@@ -33,7 +33,7 @@ import uuid
 from typing import Any
 
 import psycopg
-from psycopg import sql
+from psycopg import pq, sql
 
 from . import conf, db, fetch, notify
 from .exceptions import StreamError, StreamNotFound
@@ -188,6 +188,8 @@ class Listener:
             done, _ = await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)
             for task in done - {stopping}:
                 name = tasks.pop(task)
+                if self._stopping.is_set():
+                    continue  # it ended at the stop, which is being handled
                 if not task.cancelled():
                     logger.error("pgstreams: %s failed, restarting it", name, exc_info=task.exception())
                 self.stats.restarts += 1
@@ -195,6 +197,12 @@ class Listener:
                 tasks[asyncio.create_task(loops[name](), name=name)] = name
         for conn in self._conns:
             db.sever(conn)  # a query in flight fails now instead of waiting for a cancel to be answered
+        # Let those queries fail before the loops are cancelled: a loop cancelled in the middle of
+        # a query has psycopg cancel it on the server, which at interpreter exit fails and says so.
+        for _ in range(100):
+            if not any(conn.pgconn.transaction_status == pq.TransactionStatus.ACTIVE for conn in self._conns):
+                break
+            await asyncio.sleep(0.005)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -226,6 +234,8 @@ class Listener:
                 self._refetch_all()
                 await self._hear(conn)
             except Exception as exc:  # a database blip must not end the loop
+                if self._stopping.is_set():
+                    return  # severed by stop()
                 self.stats.listen_errors += 1
                 logger.warning("pgstreams: listener connection lost, reconnecting: %s", exc)
             finally:
@@ -284,6 +294,8 @@ class Listener:
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
+                    if self._stopping.is_set():
+                        return  # severed by stop()
                     self.stats.fetch_errors += 1
                     logger.warning("pgstreams: fetching chunks failed, retrying: %s", exc)
                     if isinstance(exc, db.QueryTimeout):

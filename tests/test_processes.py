@@ -1,5 +1,6 @@
-"""Readers here, writers in other processes: exact delivery across processes, and two faults (a
-writer that dies before its flush, the listener's backend terminated under readers)."""
+"""Readers here, writers in other processes: exact delivery across processes, two faults (a
+writer that dies before its flush, the listener's backend terminated under readers), and a reading
+process that exits in the middle of its listener's query."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ import os
 import signal
 import time
 
+import psycopg
 import pytest
 from django.db import connection
 from django.test import override_settings
 
 import pgstreams
 from pgstreams import listener
-from tests.helpers import Reader
+from tests.helpers import Reader, subprocess_database_url
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess]
 
@@ -117,3 +119,26 @@ def test_terminating_the_listeners_backend_ten_times_loses_no_chunk(spawn) -> No
     assert hub.stats.reconnects >= 10
     assert max(reconnect_times) < 5
     print(f"listener reconnect times: {', '.join(f'{t * 1000:.0f} ms' for t in reconnect_times)}")
+
+
+def test_a_process_that_exits_while_its_listener_waits_for_a_query_exits_quietly(spawn) -> None:
+    """At exit the listener severs its connections: a query in flight then fails at once, and is
+    not cancelled on the server by psycopg (which needs a thread the exiting interpreter refuses,
+    and printed "query cancellation failed: cannot schedule new futures after interpreter
+    shutdown")."""
+    s = pgstreams.create_stream()
+    url = subprocess_database_url()
+    with psycopg.connect(url) as locker, psycopg.connect(url, autocommit=True) as watcher:
+        locker.execute("LOCK TABLE pgstreams_chunk IN ACCESS EXCLUSIVE MODE")  # until the block ends
+        proc = spawn("read-exit", "--stream", str(s.id))
+        assert proc.stdout.readline() == "reading\n"
+        waiting = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'"
+        for _ in range(300):  # the fetcher's first query waits for the lock
+            if watcher.execute(waiting, [f"pgstreams fetcher {proc.pid}"]).fetchone()[0]:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the reading process's fetcher never waited for the lock")
+        out, err = proc.communicate("exit\n", timeout=30)
+    print(f"exited with {proc.returncode}; stderr: {err!r}")
+    assert proc.returncode == 0 and err == ""

@@ -22,6 +22,9 @@ retrying each write that fails (through a server restart), printing each error a
 ``--count`` words, one every ``--pause`` s (``pgstreams.aisdk.write_answer``), printing "writing"
 once it has yielded its first word, and how the answer ended when it has (unless it is killed).
 
+``python -m tests.workers read-exit --stream ID``: follows the stream with ``pgstreams.read()`` in
+a thread, prints "reading", and exits normally at a line on stdin, the reader still waiting.
+
 ``python -m tests.workers via --stream R --write-stream W --via URL``: pgstreams' own connections
 (listener, fetcher, flusher) go to URL (a proxy), Django's to the test database. Prints each
 chunk of R as a JSON line with the time it arrived; on stdin, ``write X`` writes X to W,
@@ -32,6 +35,7 @@ flush runs at exit).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import threading
@@ -96,6 +100,18 @@ def exit_after(stream: str, count: int) -> None:
 
     for i in range(count):
         pgstreams.write(stream, f"e{i}")
+
+
+def read_then_exit(stream: str) -> None:
+    import pgstreams
+
+    def read() -> None:
+        with contextlib.suppress(pgstreams.StreamError):  # "the listener of this process was stopped"
+            list(pgstreams.read(stream))
+
+    threading.Thread(target=read, name="reader", daemon=True).start()
+    print("reading", flush=True)
+    sys.stdin.readline()
 
 
 def steady(stream: str, count: int, pause: float) -> None:
@@ -182,7 +198,7 @@ def answer(stream: str, count: int, pause: float) -> None:
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="tests.workers")
-    parser.add_argument("mode", choices=["threads", "hang", "exit", "steady", "retrying", "via", "answer"])
+    parser.add_argument("mode", choices=["threads", "hang", "exit", "steady", "retrying", "via", "answer", "read-exit"])
     parser.add_argument("--stream", required=True)
     parser.add_argument("--write-stream")
     parser.add_argument("--via", help="a database URL for pgstreams' own connections")
@@ -219,6 +235,8 @@ def main(argv: list[str]) -> None:
         retrying(args.stream, args.count, args.pause, args.producer)
     elif args.mode == "answer":
         answer(args.stream, args.count, args.pause)
+    elif args.mode == "read-exit":
+        read_then_exit(args.stream)
     elif args.mode == "via":
         via(args.stream, args.write_stream)
     else:

@@ -29,16 +29,18 @@ class Command(BaseCommand):
         if as_json:
             self.stdout.write(_dumps(figures))
             return
-        lines = [
-            f"database            {figures['database']}",
-            f"streams open        {figures['streams_open']}",
-            f"streams closed      {figures['streams_closed']}",
-            f"chunks              {figures['chunks']}",
+        rows = [
+            ("database", figures["database"]),
+            ("streams open", figures["streams_open"]),
+            ("streams closed", figures["streams_closed"]),
+            ("chunks", figures["chunks"]),
         ]
         for table, size in figures["sizes"].items():
-            lines.append(f"{table:<20}{_size(size['table_bytes'])} table, {_size(size['index_bytes'])} indexes")
-        lines.append(f"notification queue  {figures['notification_queue_usage'] * 100:.4f}% used")
-        lines += [f"{name:<20}{value!r}" for name, value in figures["settings"].items()]
+            rows.append((table, f"{_size(size['table_bytes'])} table, {_size(size['index_bytes'])} indexes"))
+        rows.append(("notification queue", f"{figures['notification_queue_usage'] * 100:.4f}% used"))
+        rows += [(name, repr(value)) for name, value in figures["settings"].items()]
+        width = max(len(name) for name, _ in rows) + 2  # the longest name, then two spaces
+        lines = [f"{name:<{width}}{value}" for name, value in rows]
         self.stdout.write("\n".join(lines))
 
 

@@ -1,4 +1,5 @@
-"""``manage.py demo``: migrate, make sure the demo user exists, and serve the demo with daphne."""
+"""``manage.py demo``: migrate, make sure the demo user exists, and serve the demo with daphne;
+``manage.py demo --stop-database`` stops the embedded PostgreSQL that it leaves running."""
 
 from __future__ import annotations
 
@@ -35,8 +36,16 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--addrport", default="127.0.0.1:8000", help="where to listen (default 127.0.0.1:8000)")
+        parser.add_argument(
+            "--stop-database",
+            action="store_true",
+            help="stop the embedded PostgreSQL in .pgdata/ that the demo and the tests leave running, and exit",
+        )
 
-    def handle(self, *args: Any, addrport: str, **options: Any) -> None:
+    def handle(self, *args: Any, addrport: str, stop_database: bool, **options: Any) -> None:
+        if stop_database:
+            self.stop_database()
+            return
         from channels.routing import get_default_application
         from daphne.server import Server
 
@@ -56,3 +65,13 @@ class Command(BaseCommand):
             endpoints=[daphne_endpoint(host, port)],
             server_name="pgstreams-demo",
         ).run()
+
+    def stop_database(self) -> None:
+        from demo_project.database import PGDATA, stop_embedded
+
+        if settings.DATABASES["default"]["ENGINE"] != "demo_project.embedded":
+            raise CommandError("DATABASE_URL is set: the demo uses that server, not the embedded one; nothing to stop")
+        if stop_embedded():
+            self.stdout.write(f"stopped the embedded PostgreSQL in {PGDATA} (remove that folder to delete its data)")
+        else:
+            self.stdout.write(f"the embedded PostgreSQL in {PGDATA} is not running")
