@@ -54,6 +54,7 @@ SESSIONS = "django.contrib.sessions.middleware.SessionMiddleware"
 AUTHENTICATION = "django.contrib.auth.middleware.AuthenticationMiddleware"
 LOGIN_REQUIRED = "django.contrib.auth.middleware.LoginRequiredMiddleware"
 X_FRAME = "django.middleware.clickjacking.XFrameOptionsMiddleware"
+CSP = "django.middleware.csp.ContentSecurityPolicyMiddleware"  # Django 6.0 and later
 # The middleware the shortcut stands in for, and what it does of each.
 APPLIED: Final = {
     SECURITY: "its redirect to HTTPS and its headers (HSTS and the others)",
@@ -62,6 +63,7 @@ APPLIED: Final = {
     AUTHENTICATION: "the user",
     LOGIN_REQUIRED: "its redirect of anonymous users to LOGIN_URL",
     X_FRAME: "its X-Frame-Options header",
+    CSP: "its Content-Security-Policy headers (SECURE_CSP, SECURE_CSP_REPORT_ONLY)",
     "django.middleware.csrf.CsrfViewMiddleware": "nothing: the view applies the CSRF check itself",
     "django.contrib.messages.middleware.MessageMiddleware": "nothing: the endpoint has no messages",
 }
@@ -116,7 +118,9 @@ class _Handler(ASGIHandler):
         # CommonMiddleware asks the request's host first thing (DisallowedHost): once is enough.
         self.checks_host = COMMON not in present
         # The hooks of the middleware it runs itself, in MIDDLEWARE's order; none does any I/O.
-        hooks = {name: import_string(name)(_never) for name in (SECURITY, COMMON, LOGIN_REQUIRED, X_FRAME)}
+        hooks = {
+            name: import_string(name)(_never) for name in present & {SECURITY, COMMON, LOGIN_REQUIRED, X_FRAME, CSP}
+        }
         ordered = [hooks[name] for name in settings.MIDDLEWARE if name in hooks]
         self.on_request = [m.process_request for m in ordered if hasattr(m, "process_request")]
         self.on_view = [m.process_view for m in ordered if hasattr(m, "process_view")]

@@ -210,7 +210,7 @@ def etag(stream_id: uuid.UUID, start: int, end: int, closed: bool) -> str:
     """A read's ETag: the stream (by a keyed hash of its id, which tells nothing about the id:
     the id of an ownerless stream is a read capability at the other endpoints), the range, and
     whether it ends the stream."""
-    stream = salted_hmac("pgstreams.durable.etag", stream_id.bytes).hexdigest()[:20]
+    stream = salted_hmac("pgstreams.durable.etag", stream_id.bytes, algorithm="sha256").hexdigest()[:20]
     return f'"{stream}:{start}:{end}{":c" if closed else ""}"'
 
 

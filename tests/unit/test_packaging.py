@@ -1,12 +1,16 @@
-"""What ``pip install .`` installs: the app, and nothing of the benchmark."""
+"""What ``pip install .`` installs: the app, and nothing of the benchmark; the versions it declares,
+as the README, the guide and CI state them."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
+from typing import Any
 
 from tests.helpers import ROOT
 
@@ -34,3 +38,51 @@ def test_the_wheel_holds_the_app_and_no_benchmark_code(tmp_path: Path) -> None:
     names = zipfile.ZipFile(next(tmp_path.glob("pgstreams-*.whl"))).namelist()
     assert "pgstreams/listener.py" in names and "pgstreams/static/pgstreams/pgstreams.js" in names
     assert not [name for name in names if "bench" in name or name.startswith(("tests/", "demo_project/"))]
+
+
+def metadata() -> dict[str, Any]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def classified(prefix: str) -> list[str]:
+    """The versions the classifiers under ``prefix`` name, oldest first."""
+    names = [c.removeprefix(prefix) for c in metadata()["classifiers"] if c.startswith(prefix)]
+    return sorted((n for n in names if re.fullmatch(r"\d+\.\d+", n)), key=lambda v: tuple(map(int, v.split("."))))
+
+
+def test_the_readme_and_the_guide_state_the_versions_the_package_declares() -> None:
+    django, python = classified("Framework :: Django :: "), classified("Programming Language :: Python :: ")
+    assert django[0] == "5.2" and len(django) >= 3 and python[0] == "3.11" and len(python) >= 3
+    stated = (
+        f"Supported: Django {django[0]} LTS, {', '.join(django[1:-1])} and {django[-1]}, "
+        f"on Python {', '.join(python[:-1])} and {python[-1]}"
+    )
+    for doc in ("README.md", "docs/GUIDE.md"):
+        assert stated in " ".join((ROOT / doc).read_text().split()), f"{doc} should say: {stated}"
+    project = metadata()
+    assert project["requires-python"] == f">={python[0]}"
+    # The lowest supported Django, and no cap: pip must never downgrade a project's Django.
+    assert f"Django>={django[0]}" in project["dependencies"]
+    requirements = (ROOT / "requirements.txt").read_text()
+    assert re.search(rf"^Django>={re.escape(django[0])}\s", requirements, re.M), "requirements.txt caps Django"
+
+
+def test_the_channels_extra_brings_channels_and_daphne_without_the_known_vulnerabilities() -> None:
+    extras = metadata()["optional-dependencies"]
+    assert "channels>=4.3.2,<5" in extras["channels"] and "daphne>=4.2.2,<5" in extras["channels"]
+    assert extras["binary"] == ["psycopg[binary]>=3.2,<4"]
+
+
+def test_ci_runs_a_supported_django_on_a_supported_python_in_each_leg() -> None:
+    """Each leg of .ci/run names its Python and Django series; both are among the classifiers, and
+    this run's own are too."""
+    legs = re.findall(r"^leg (\d+\.\d+) (\d+\.\d+) ", (ROOT / ".ci" / "run").read_text(), re.M)
+    assert len(legs) >= 2, "no legs found in .ci/run"
+    django, python = classified("Framework :: Django :: "), classified("Programming Language :: Python :: ")
+    for leg_python, leg_django in legs:
+        assert leg_python in python and leg_django in django
+    assert {leg[1] for leg in legs} >= {django[0], django[-1]}  # the LTS and the latest
+    import django as running
+
+    assert "{}.{}".format(*running.VERSION[:2]) in django
+    assert "{}.{}".format(*sys.version_info[:2]) in python
