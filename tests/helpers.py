@@ -232,16 +232,22 @@ class RawWebSocket:
             raise ConnectionError(f"no WebSocket: {response[:80]!r}")
 
     def send_text(self, text: str) -> None:
-        payload = text.encode()
+        self._send(0x1, text.encode())
+
+    def _send(self, opcode: int, payload: bytes) -> None:
+        """One final frame, masked as a client's must be."""
         assert len(payload) < 126
         mask = os.urandom(4)
         masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
-        self.sock.sendall(bytes([0x81, 0x80 | len(payload)]) + mask + masked)
+        self.sock.sendall(bytes([0x80 | opcode, 0x80 | len(payload)]) + mask + masked)
 
     def read_to_end(self, timeout: float = 10) -> bytes:
-        """Everything the server sent after the handshake, up to its end of stream (or timeout)."""
+        """Everything the server sent after the handshake, up to its end of stream (or timeout).
+        A close frame among it is answered with one, as the closing handshake asks: a server
+        that waits for that answer before it closes the socket (uvicorn) need not time out."""
         self.sock.settimeout(timeout)
         data = b""
+        replied = False
         for _ in range(100_000):  # bounded: the server closes, or recv times out
             try:
                 part = self.sock.recv(65536)
@@ -250,7 +256,29 @@ class RawWebSocket:
             if not part:
                 break
             data += part
+            if not replied and (close := _close_frame(data)) is not None:
+                replied = True
+                with contextlib.suppress(OSError):  # the server may have closed already
+                    self._send(0x8, close[:2])
         return data
 
     def close(self) -> None:
         self.sock.close()
+
+
+def _close_frame(data: bytes) -> bytes | None:
+    """The payload of the first close frame in ``data`` (the unmasked frames a server sends, from
+    the first), or None when there is none yet."""
+    at = 0
+    while at + 2 <= len(data):
+        opcode, length, head = data[at] & 0x0F, data[at + 1] & 0x7F, 2
+        if length == 126:
+            length, head = int.from_bytes(data[at + 2 : at + 4], "big"), 4
+        elif length == 127:
+            length, head = int.from_bytes(data[at + 2 : at + 10], "big"), 10
+        if at + head + length > len(data):
+            return None  # the rest of the frame is still to come
+        if opcode == 0x8:
+            return data[at + head : at + head + length]
+        at += head + length
+    return None
