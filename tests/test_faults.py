@@ -186,15 +186,24 @@ def test_a_websocket_client_that_stops_reading_holds_bounded_server_memory(any_s
     asyncio.run(_stalled_client(any_server, request.node.callspec.params["any_server"]))
 
 
-def server_rss(host: str) -> int:
-    """The resident memory of the server the test started at ``host`` (its processes summed:
-    granian's worker is a child of its own)."""
-    port = int(host.rsplit(":", 1)[1])
-    for server in psutil.Process().children():
-        processes = [server, *server.children(recursive=True)]
-        if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for p in processes for c in p.net_connections()):
-            return sum(p.memory_info().rss for p in processes)
-    raise AssertionError(f"no server of this test listens at {host}")
+class ServerMemory:
+    """The resident memory of the server the test started at ``host``: its processes (granian's
+    worker is a child of its own) are found once, by the port they listen on, and summed at each
+    ``rss()`` (looking for them takes longer than reading their memory)."""
+
+    def __init__(self, host: str) -> None:
+        port = int(host.rsplit(":", 1)[1])
+        for server in psutil.Process().children():
+            processes = [server, *server.children(recursive=True)]
+            if any(
+                c.status == psutil.CONN_LISTEN and c.laddr.port == port for p in processes for c in p.net_connections()
+            ):
+                self.processes = processes
+                return
+        raise AssertionError(f"no server of this test listens at {host}")
+
+    def rss(self) -> int:
+        return sum(p.memory_info().rss for p in self.processes)
 
 
 async def _stalled_client(host: str, name: str) -> None:
@@ -204,17 +213,18 @@ async def _stalled_client(host: str, name: str) -> None:
     slow = asyncio.create_task(_follow(url + "?from=0", origin, stalled, stop_reading_after=10))
     fast = asyncio.create_task(_follow(url + "?from=0", origin, healthy))
     await asyncio.sleep(1.0)
-    before = server_rss(host)
+    server = ServerMemory(host)
+    before = server.rss()
     chunk = "x" * 10_000
     total, written_at, peak = 6000, {}, before
     for _ in range(0, total, 100):  # 60 MB, far more than any window
         offsets = await pgstreams.awrite_many(s.id, [chunk] * 100)
         written_at.update(dict.fromkeys(offsets, time.monotonic()))
-        peak = max(peak, server_rss(host))
+        peak = max(peak, server.rss())
         await asyncio.sleep(0.02)
     await pgstreams.aclose(s.id)
     await asyncio.wait_for(fast, 120)
-    peak = max(peak, server_rss(host))
+    peak = max(peak, server.rss())
     growth_mib = (peak - before) / 2**20
     # The healthy reader got everything, in order, while the other one sat on a full window.
     assert [o for o, _, _ in healthy] == list(range(total))
@@ -381,14 +391,15 @@ async def _lying_client(host: str, name: str) -> None:
 
     acks = asyncio.create_task(ack_forever())
     await asyncio.sleep(0.5)
-    before = peak = server_rss(host)
+    server = ServerMemory(host)
+    before = peak = server.rss()
     chunk = "x" * 10_000
     for _ in range(0, 5000, 100):  # 50 MB
         await pgstreams.awrite_many(s.id, [chunk] * 100)
-        peak = max(peak, server_rss(host))
+        peak = max(peak, server.rss())
         await asyncio.sleep(0.02)
     await asyncio.sleep(1.0)
-    peak = max(peak, server_rss(host))
+    peak = max(peak, server.rss())
     lying = False
     await acks
     answer = await asyncio.to_thread(liar.read_to_end)
@@ -415,14 +426,15 @@ async def _silent_sse_client(host: str, name: str) -> None:
     request = f"GET /pgstreams/v1/stream/silent/sse?offset=now&live=sse HTTP/1.1\r\nHost: {host}\r\n\r\n"
     sock.sendall(request.encode())
     await asyncio.sleep(1.0)
-    before = peak = server_rss(host)
+    server = ServerMemory(host)
+    before = peak = server.rss()
     chunk = "x" * 10_000
     for _ in range(0, 4800, 100):  # 48 MB
         await pgstreams.awrite_many(s.id, [chunk] * 100)
-        peak = max(peak, server_rss(host))
+        peak = max(peak, server.rss())
         await asyncio.sleep(0.02)
     await asyncio.sleep(1.0)
-    peak = max(peak, server_rss(host))
+    peak = max(peak, server.rss())
     sock.close()
     growth_mib = (peak - before) / 2**20
     print(f"silent Durable Streams SSE client: {name} grew {growth_mib:.1f} MiB while 48 MB were written")
