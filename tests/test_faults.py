@@ -310,16 +310,23 @@ def connected(pid: int) -> None:
         time.sleep(0.05)
 
 
+# The frozen process's limits: the defaults are 5 s each; what they bound scales with them.
+FROZEN_LIMITS = {"LISTEN_CHECK_INTERVAL": 1.0, "QUERY_TIMEOUT": 2.0}
+
+
 @pytest.mark.usefixtures("fresh_listener")
 def test_connections_frozen_mid_stream_are_given_up_and_readers_catch_up(spawn) -> None:
     """A failover whose old primary vanishes leaves connections that stay open and never answer:
     a proxy stops forwarding on every open connection of a reader process, without closing
-    them, while new connections pass. With the default limits the reader must get chunks written
-    after the freeze within 15 s, and its flusher and its exit must not hang."""
+    them, while new connections pass. The reader must get chunks written after the freeze within
+    LISTEN_CHECK_INTERVAL + QUERY_TIMEOUT + 5 s (15 s with the defaults; the process runs with
+    both shortened, FROZEN_LIMITS, the bounds scaling with them), and its flusher and its exit
+    must not hang."""
     r, w = pgstreams.create_stream(), pgstreams.create_stream()
     with proxy_for(connection.settings_dict) as proxy:
         via = subprocess_database_url(database_via(proxy, connection.settings_dict))
-        proc = spawn("via", "--stream", str(r.id), "--write-stream", str(w.id), "--via", via)
+        limits = [f"--setting={key}={value}" for key, value in FROZEN_LIMITS.items()]
+        proc = spawn("via", "--stream", str(r.id), "--write-stream", str(w.id), "--via", via, *limits)
         lines = Lines(proc)
         pgstreams.write(r.id, "c0")
         lines.until(lambda m: m.get("data") == "c0", 20)
@@ -360,8 +367,10 @@ def test_connections_frozen_mid_stream_are_given_up_and_readers_catch_up(spawn) 
         f"the process exited {exited_after:.2f} s after being asked, with a flush waiting on a frozen connection; "
         f"flusher {stats['flusher']}"
     )
-    # A flush still hanging at exit would be given up only after the join's 11 s.
-    assert caught_up < 15 and exited_after < 8.5
+    check, query = FROZEN_LIMITS["LISTEN_CHECK_INTERVAL"], FROZEN_LIMITS["QUERY_TIMEOUT"]
+    # A flush still hanging at exit would be given up only after the join's CONNECT_TIMEOUT (5 s)
+    # + QUERY_TIMEOUT + 1 s; the watchdog gives it up after QUERY_TIMEOUT.
+    assert caught_up < check + query + 5 and exited_after < query + 3.5
     assert stats["flusher"]["failed_flushes"] >= 1  # the flush that hung was given up...
     assert stats["flusher"]["flushes"] >= 2  # ...and the next ones went through a new connection
 

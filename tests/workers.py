@@ -30,6 +30,9 @@ a thread, prints "reading", and exits normally at a line on stdin, the reader st
 chunk of R as a JSON line with the time it arrived; on stdin, ``write X`` writes X to W,
 ``stats`` prints the flusher's stats, and ``exit`` prints them and exits normally (the final
 flush runs at exit).
+
+Any mode takes ``--setting KEY=JSON`` (repeatable): a PGSTREAMS setting for the process, such as
+``--setting QUERY_TIMEOUT=2``.
 """
 
 from __future__ import annotations
@@ -207,6 +210,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--count", type=int, default=20)
     parser.add_argument("--pause", type=float, default=0.005)
     parser.add_argument("--flush-interval", type=float, default=None)
+    parser.add_argument(
+        "--setting", action="append", default=[], metavar="KEY=JSON", help="a PGSTREAMS setting, e.g. QUERY_TIMEOUT=2"
+    )
     parser.add_argument("--producer", action="store_true", help="retrying: write as an idempotent producer")
     parser.add_argument("--os-exit", action="store_true", help="hang: leave through os._exit() instead of sleeping")
     args = parser.parse_args(argv)
@@ -221,6 +227,9 @@ def main(argv: list[str]) -> None:
         overrides["DATABASE"] = "via"
     if args.flush_interval is not None:
         overrides["FLUSH_INTERVAL"] = args.flush_interval
+    for setting in args.setting:
+        key, _, value = setting.partition("=")
+        overrides[key] = json.loads(value)
     django.setup()
     from django.test import override_settings
 
