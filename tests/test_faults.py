@@ -167,8 +167,12 @@ def test_a_failing_flusher_drops_counts_and_polling_delivers(spawn) -> None:
     print(f"flusher killed {killed} times: {stats}; readers complete {catch_up:.2f} s after the writer finished")
 
 
-async def _follow(url: str, origin: str, got: list, stop_reading_after: int | None = None) -> None:
+async def _follow(
+    url: str, origin: str, got: list, stop_reading_after: int | None = None, opened: asyncio.Event | None = None
+) -> None:
     async with websockets.connect(url, origin=origin, max_queue=1, open_timeout=20) as ws:
+        if opened is not None:
+            opened.set()
         async for raw in ws:
             message = json.loads(raw)
             if message["type"] == "end":
@@ -184,6 +188,18 @@ async def _follow(url: str, origin: str, got: list, stop_reading_after: int | No
 
 def test_a_websocket_client_that_stops_reading_holds_bounded_server_memory(any_server: str, request) -> None:
     asyncio.run(_stalled_client(any_server, request.node.callspec.params["any_server"]))
+
+
+async def _until_set(events: list[asyncio.Event], tasks: list[asyncio.Task], timeout: float) -> None:
+    """Return once every event is set; a task that ended meanwhile raises its error, and after
+    ``timeout`` AssertionError."""
+    deadline = time.monotonic() + timeout
+    while not all(e.is_set() for e in events):  # bounded by the deadline
+        for task in tasks:
+            if task.done():
+                task.result()
+        assert time.monotonic() < deadline, "not set in time"
+        await asyncio.sleep(0.01)
 
 
 class ServerMemory:
@@ -210,9 +226,10 @@ async def _stalled_client(host: str, name: str) -> None:
     s = await pgstreams.acreate_stream()
     url, origin = f"ws://{host}/ws/pgstreams/{s.id}/", f"http://{host}"
     stalled, healthy = [], []
-    slow = asyncio.create_task(_follow(url + "?from=0", origin, stalled, stop_reading_after=10))
-    fast = asyncio.create_task(_follow(url + "?from=0", origin, healthy))
-    await asyncio.sleep(1.0)
+    opened = [asyncio.Event(), asyncio.Event()]
+    slow = asyncio.create_task(_follow(url + "?from=0", origin, stalled, stop_reading_after=10, opened=opened[0]))
+    fast = asyncio.create_task(_follow(url + "?from=0", origin, healthy, opened=opened[1]))
+    await _until_set(opened, [slow, fast], timeout=30)  # both sockets open before the baseline
     server = ServerMemory(host)
     before = server.rss()
     chunk = "x" * 10_000
@@ -389,6 +406,7 @@ async def _lying_client(host: str, name: str) -> None:
     s = await pgstreams.acreate_stream()
     liar = RawWebSocket(host, f"/ws/pgstreams/{s.id}/")
     lying = True
+    acked = asyncio.Event()
 
     async def ack_forever() -> None:
         while lying:
@@ -396,10 +414,11 @@ async def _lying_client(host: str, name: str) -> None:
                 await asyncio.to_thread(liar.send_text, json.dumps({"type": "ack", "offset": 10**15}))
             except OSError:
                 return  # the server closed the socket
+            acked.set()
             await asyncio.sleep(0.05)
 
     acks = asyncio.create_task(ack_forever())
-    await asyncio.sleep(0.5)
+    await _until_set([acked], [acks], timeout=10)  # it lies from before the baseline
     server = ServerMemory(host)
     before = peak = server.rss()
     chunk = "x" * 10_000
@@ -434,7 +453,8 @@ async def _silent_sse_client(host: str, name: str) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     request = f"GET /pgstreams/v1/stream/silent/sse?offset=now&live=sse HTTP/1.1\r\nHost: {host}\r\n\r\n"
     sock.sendall(request.encode())
-    await asyncio.sleep(1.0)
+    head = await asyncio.to_thread(_response_head, sock)  # the answer is open; its body stays unread
+    assert head.startswith(b"HTTP/1.1 200"), head
     server = ServerMemory(host)
     before = peak = server.rss()
     chunk = "x" * 10_000
@@ -448,6 +468,17 @@ async def _silent_sse_client(host: str, name: str) -> None:
     growth_mib = (peak - before) / 2**20
     print(f"silent Durable Streams SSE client: {name} grew {growth_mib:.1f} MiB while 48 MB were written")
     assert growth_mib < 25
+
+
+def _response_head(sock: socket.socket) -> bytes:
+    """An HTTP response's status line and headers, read byte by byte: nothing past them."""
+    head = b""
+    while b"\r\n\r\n" not in head and len(head) < 4096:  # bounded; recv times out with the socket
+        part = sock.recv(1)
+        if not part:
+            break
+        head += part
+    return head
 
 
 class AppenderKiller:
