@@ -512,12 +512,15 @@ class AppenderKiller:
         connections["default"].close()
 
 
-def test_the_appenders_backend_killed_under_load_loses_and_doubles_nothing() -> None:
+def test_the_appenders_backend_killed_under_load_loses_and_doubles_nothing(settings) -> None:
     """Appends from 50 tasks (40 aappend loops, 10 stream writers) while another connection
     terminates the appender's backend at random moments: each stream holds exactly what its
-    writer was told was committed, in order, once."""
+    writer was told was committed, in order, once. Its batches go APPEND_INTERVAL (5 ms here,
+    20 ms by default) after the previous one began: the aappend loops wait for each commit, so
+    the interval, not the kills, set how long the test took."""
     from pgstreams import appender
 
+    settings.PGSTREAMS = {**settings.PGSTREAMS, "APPEND_INTERVAL": 0.005}
     appender.stop_appenders()
     streams = [pgstreams.create_stream().id for _ in range(50)]
     per_stream = 200
