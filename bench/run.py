@@ -232,8 +232,8 @@ def drive(children: list[Any], config: Config, ready: Any, results: Any, go: Any
             ready.get(timeout=120)
         go.set()
         started = time.monotonic()
-        while time.monotonic() - started < config.duration:
-            time.sleep(1.0)
+        while (left := config.duration - (time.monotonic() - started)) > 0:
+            time.sleep(min(1.0, left))  # a second per progress line, none past the window
             elapsed = time.monotonic() - started
             sys.stderr.write(f"\r  {elapsed:4.0f}/{config.duration:.0f} s  {sum(progress) / elapsed:9.0f} writes/s ")
             sys.stderr.flush()
