@@ -45,7 +45,7 @@ TRANSPORTS = ("ws", "sse", "ds-sse", "ds-lp")
 SUBSCRIBERS_PER_NODE = 1000  # subscribers one Node process takes at most
 CONNECT_TIMEOUT = 120.0  # seconds the subscribers have to connect, all of them
 SETTLE = 0.5  # seconds between the last subscriber's connecting and the first write
-DRAIN = 3.0  # seconds the subscribers stay after the last write
+DRAIN = 3.0  # seconds the subscribers stay after the last write at most (they leave once they have the last)
 IDLE_SETTLE = 5.0  # seconds between the server's following every idle subscriber and its idle CPU's measure
 METRICS_TOKEN = uuid.uuid4().hex  # the demo's servers show their metrics to its bearer
 # The gauge of the subscribers a demo server follows, by transport: a WebSocket is accepted before
@@ -118,10 +118,18 @@ def _cpu(process: psutil.Process) -> float:
 
 
 def _subscribers(
-    node: str, base: str, transport: str, streams: list[dict[str, str]], shape: Shape, seconds: float, idle: bool
+    node: str,
+    base: str,
+    transport: str,
+    streams: list[dict[str, str]],
+    shape: Shape,
+    seconds: float,
+    idle: bool,
+    chunks: int = 0,
 ) -> list[subprocess.Popen[str]]:
     """Node processes following ``streams``, ``shape.subscribers`` each, split so that none has
-    more than SUBSCRIBERS_PER_NODE."""
+    more than SUBSCRIBERS_PER_NODE, for ``seconds``; given ``chunks`` (per stream, for streams
+    that never end), each subscriber leaves sooner once it has the last."""
     per_stream = max(1, SUBSCRIBERS_PER_NODE // max(1, shape.subscribers))
     groups: list[tuple[list[dict[str, str]], int]] = []
     if shape.subscribers > SUBSCRIBERS_PER_NODE:
@@ -129,7 +137,7 @@ def _subscribers(
         groups = [(streams, shape.subscribers // parts)] * parts
     else:
         groups = [(streams[i : i + per_stream], shape.subscribers) for i in range(0, len(streams), per_stream)]
-    options = {"base": base, "transport": transport, "seconds": seconds, "idle": idle}
+    options = {"base": base, "transport": transport, "seconds": seconds, "idle": idle, "chunks": chunks}
     return [
         subprocess.Popen(
             [node, "fanout_load.mjs", json.dumps({**options, "streams": part, "subscribers": n})],
@@ -246,8 +254,9 @@ def _pgstreams_run(node: str, server: str, transport: str, shape: Shape, seconds
 
 def _ceiling_run(node: str, server: str, transport: str, shape: Shape, seconds: float) -> dict[str, Any]:
     streams = [{"id": str(uuid.uuid4()), "path": f"raw/{i}"} for i in range(shape.streams)]
+    chunks = int(shape.rate * seconds)  # per stream, as the raw app writes them
     with serving(server, "bench.raw_asgi:application") as (base, process):
-        clients = _subscribers(node, base, transport, streams, shape, SETTLE + seconds + DRAIN, idle=False)
+        clients = _subscribers(node, base, transport, streams, shape, SETTLE + seconds + DRAIN, False, chunks)
         connect = _connected(clients)
         time.sleep(SETTLE)
         memory = PeakMemory(process.pid)
@@ -257,7 +266,7 @@ def _ceiling_run(node: str, server: str, transport: str, shape: Shape, seconds: 
         out = _collect(clients, timeout=SETTLE + seconds + DRAIN + 60)
         cpu = _cpu(process) - cpu
         memory.stop.set()
-    expected = int(shape.rate * seconds) * shape.streams * shape.subscribers
+    expected = chunks * shape.streams * shape.subscribers
     return _figures(out, cpu, memory.peak, seconds, expected, connect)
 
 

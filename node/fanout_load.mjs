@@ -12,6 +12,8 @@
 //   streams     [{id, path}] the streams to follow
 //   subscribers how many subscribers of each stream
 //   seconds     how long to follow once all are connected (the writers stop earlier)
+//   chunks      (optional) chunks per stream: a subscriber leaves once it has the last (for the
+//               raw ceiling, whose streams have no end)
 //   idle        true: open the connections, receive nothing, report after `seconds`
 import { performance } from "node:perf_hooks"
 import WebSocket from "ws"
@@ -26,7 +28,8 @@ let gaps = 0
 const errors = []
 const cpuStart = process.cpuUsage()
 
-// Every subscriber connects (or fails to) once; then all follow for o.seconds, and leave.
+// Every subscriber connects (or fails to) once; then all follow for o.seconds (or, given
+// o.chunks, until each has its stream's last), and leave.
 let settled = 0
 let total = 0
 const leaving = new Set() // each subscriber's way to leave
@@ -51,6 +54,7 @@ class Position {
   constructor(index) {
     this.index = index
     this.next = 0
+    this.leave = () => {} // its subscriber's way to leave, once it has one
   }
 
   take(offset, data) {
@@ -61,6 +65,7 @@ class Position {
     if (offset > this.next) gaps++
     this.next = offset + 1
     delivered(data)
+    if (o.chunks && this.next >= o.chunks) this.leave()
   }
 }
 
@@ -83,6 +88,7 @@ function websocket(stream, position) {
     let opened = false
     const leave = () => ws.close(1000)
     leaving.add(leave)
+    position.leave = leave
     ws.on("open", () => {
       opened = true
       connected()
@@ -112,6 +118,7 @@ async function sse(url, position, onEvent) {
   const controller = new AbortController()
   const leave = () => controller.abort()
   leaving.add(leave)
+  position.leave = leave
   let opened = false
   try {
     const response = await fetch(url, { signal: controller.signal })
