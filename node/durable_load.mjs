@@ -65,6 +65,12 @@ async function createNow(url, type) {
 }
 const append = (url, type, body) => request(url, { method: "POST", headers: { "Content-Type": type }, body })
 
+// Until `done()` holds (asked every 50 ms) or `limit` ms have passed, whichever comes first.
+async function until(done, limit) {
+  const end = performance.now() + limit
+  while (!done() && performance.now() < end) await new Promise((resolve) => setTimeout(resolve, 50))
+}
+
 function percentile(values, p) {
   const sorted = [...values].sort((a, b) => a - b)
   return sorted.length ? sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))] : null
@@ -174,7 +180,8 @@ async function paced() {
   )
   const seconds = (performance.now() - started) / 1000
   mark("paced", "end")
-  await new Promise((resolve) => setTimeout(resolve, 2000))
+  // Every append's receipt, for 2 s at most (`got` holds only the seqs sent).
+  await until(() => streams.every((stream) => stream.got.size >= stream.sent.length), 2000)
   for (const stream of streams) {
     stream.sent.forEach((sent, seq) => {
       const at = stream.got.get(String(seq))
@@ -250,14 +257,17 @@ async function latency(live) {
   const fromResponse = []
   let missed = 0
   const end = performance.now() + o.seconds * 1000
+  const streams = [] // each stream's appends sent and received, and whether it is done sending
+  const delivered = () => streams.every((stream) => stream.done && stream.got.size >= stream.sent.length)
   await Promise.all(
     Array.from({ length: o.latencyStreams }, async (_, i) => {
       const url = streamUrl(i, `${live}-${i}`)
       const controller = new AbortController()
+      const stream = { sent: [], got: new Map(), done: false }
+      streams.push(stream)
       const { response } = await create(url, "text/plain")
-      const sent = []
+      const { sent, got } = stream
       const answered = []
-      const got = new Map()
       const received = (text, at) => {
         for (const seq of text.split(";").filter(Boolean)) if (!got.has(seq)) got.set(seq, at)
       }
@@ -270,7 +280,10 @@ async function latency(live) {
         answered.push(performance.now())
         await new Promise((resolve) => setTimeout(resolve, o.interval))
       }
-      await new Promise((resolve) => setTimeout(resolve, 1000))
+      stream.done = true
+      // Every stream's every append received (no reader leaves before), for 1 s at most (`got`
+      // holds only the seqs sent).
+      await until(delivered, 1000)
       for (let seq = 0; seq < sent.length; seq++) {
         const at = got.get(String(seq))
         if (at === undefined) missed++
