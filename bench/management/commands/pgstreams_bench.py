@@ -102,6 +102,12 @@ class Command(BaseCommand):
         )
         parser.add_argument("--paced-rate", type=float, default=20.0, help="with --durable: appends/s to each of them")
         parser.add_argument(
+            "--read-megabytes",
+            type=float,
+            default=20.0,
+            help="with --durable: size of the stream the catch-up readers read whole, again and again",
+        )
+        parser.add_argument(
             "--processes", default="1,2", help="daphne process counts for --durable, comma-separated (default 1,2)"
         )
         parser.add_argument(
@@ -190,8 +196,8 @@ class Command(BaseCommand):
     def run_durable(self, o: dict[str, Any]) -> dict[str, Any]:
         if o["llm"] or o["replica"]:
             raise CommandError("--durable, --llm and --replica are three benchmarks: run them one at a time")
-        if o["paced_streams"] < 0 or o["paced_rate"] <= 0:
-            raise CommandError("--paced-streams must be at least 0 and --paced-rate above 0")
+        if o["paced_streams"] < 0 or o["paced_rate"] <= 0 or o["read_megabytes"] <= 0:
+            raise CommandError("--paced-streams must be at least 0, --paced-rate and --read-megabytes above 0")
         servers = tuple(t.strip() for t in o["servers"].split(","))
         if set(servers) - set(SERVERS):
             raise CommandError(f"--servers must be some of {', '.join(SERVERS)}")
@@ -200,6 +206,7 @@ class Command(BaseCommand):
             connections=_counts(o, "connections"),
             paced_streams=o["paced_streams"],
             paced_rate=o["paced_rate"],
+            read_megabytes=o["read_megabytes"],
             processes=_counts(o, "processes"),
             servers=servers,
         )
