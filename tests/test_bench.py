@@ -92,7 +92,9 @@ def test_a_tiny_fanout_run_over_every_transport(tmp_path) -> None:
     out = tmp_path / "fanout.json"
     command = [sys.executable, "manage.py", "pgstreams_bench", "--fanout-shapes", "2x3x5", "--servers", "daphne"]
     command += ["--transports", "ws,sse,ds-sse,ds-lp", "--duration", "1", "--json", str(out)]
-    env = {**os.environ, "DATABASE_URL": subprocess_database_url()}
+    # A long-poll subscriber has connected once its first poll is answered: on a stream with no
+    # chunks yet, when the poll times out (the demo's 2 s by default).
+    env = {**os.environ, "DATABASE_URL": subprocess_database_url(), "DEMO_LONG_POLL_TIMEOUT": "0.5"}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     runs = json.loads(out.read_text())["runs"]
@@ -111,6 +113,7 @@ def test_a_tiny_durable_run_loads_the_reference_and_pgstreams_alike(tmp_path) ->
     out = tmp_path / "durable.json"
     command = [sys.executable, "manage.py", "pgstreams_bench", "--durable", "--duration", "1", "--connections", "3"]
     command += ["--paced-streams", "2", "--paced-rate", "5", "--processes", "1", "--servers", "daphne"]
+    command += ["--read-megabytes", "2"]  # two responses of pgstreams' (1 MiB at most each)
     env = {**os.environ, "DATABASE_URL": subprocess_database_url()}
     done = subprocess.run(
         command + ["--json", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
