@@ -28,7 +28,7 @@ def test_a_tiny_run_of_every_mode(tmp_path, capsys) -> None:
         "--writers",
         "4",
         "--duration",
-        "1.5",
+        "1",
         "--readers",
         "1",
         "--fanout",
