@@ -69,12 +69,13 @@ def run_durable(config: DurableConfig, say: Callable[[str], None] = print) -> di
     parts += (["paced"] if config.paced_streams else []) + ["long_poll", "sse"]
     say("durable: the reference server (file-backed)")
     runs["reference, file-backed"] = _parts(node, parts, _reference, config, f"{prefix}/reference")
+    settle = min(0.5, config.seconds / 20)  # after daphne's start: 0.5 s for parts of 10 s or more
     try:
         for server in config.servers:
             for n in config.processes if server == "daphne" else (1,):
                 name = f"pgstreams, {n} {server} process{'es' if n > 1 else ''}"
                 say(f"durable: {name}")
-                serve = (lambda n=n: _daphnes(n)) if server == "daphne" else (lambda s=server: _served(s))
+                serve = (lambda n=n: _daphnes(n, settle)) if server == "daphne" else (lambda s=server: _served(s))
                 runs[name] = _parts(node, parts, serve, config, f"{prefix}/{server}{n}")
     finally:
         Stream.objects.using(conf.database()).filter(path__startswith=prefix).delete()
@@ -217,8 +218,9 @@ def _reference() -> Iterator[tuple[list[str], list[int]]]:
 
 
 @contextmanager
-def _daphnes(n: int) -> Iterator[tuple[list[str], list[int]]]:
-    """``n`` daphne processes of this project on their own ports, the endpoint open to anyone."""
+def _daphnes(n: int, settle: float) -> Iterator[tuple[list[str], list[int]]]:
+    """``n`` daphne processes of this project on their own ports, the endpoint open to anyone,
+    ``settle`` seconds after the last has opened its port."""
     ctx = multiprocessing.get_context("spawn")
     settings_for_children = boot("buffered")
     settings_for_children.pgstreams = {
@@ -234,7 +236,7 @@ def _daphnes(n: int) -> Iterator[tuple[list[str], list[int]]]:
         for server, port in zip(servers, ports, strict=True):
             server.start()
             _wait_for_port(port, server)
-        time.sleep(0.5)
+        time.sleep(settle)
         pids = [server.pid for server in servers if server.pid is not None]
         yield [f"http://127.0.0.1:{port}/pgstreams" for port in ports], pids
     finally:

@@ -155,7 +155,8 @@ async function paced() {
       return { url, got, reader, sent: [] }
     })
   )
-  await new Promise((resolve) => setTimeout(resolve, 1000))
+  // The readers' time to connect: a tenth of the part, 1 s at most (1 s for a part of 10 s or more).
+  await new Promise((resolve) => setTimeout(resolve, Math.min(1000, o.seconds * 100)))
   mark("paced", "start")
   const started = performance.now()
   const end = started + o.seconds * 1000
