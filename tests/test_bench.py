@@ -133,6 +133,11 @@ def test_a_tiny_durable_run_loads_the_reference_and_pgstreams_alike(tmp_path) ->
     assert "catch-up reads, MB/s" in done.stdout
 
 
+def test_the_durable_catch_up_stream_must_have_a_size() -> None:
+    with pytest.raises(CommandError, match="--read-megabytes above 0"):
+        call_command("pgstreams_bench", "--durable", "--read-megabytes", "0")
+
+
 def test_replica_writers_must_be_positive_numbers() -> None:
     with pytest.raises(CommandError, match="--replica-writers must be positive whole numbers"):
         call_command("pgstreams_bench", "--replica", "--replica-writers", "16,x")
