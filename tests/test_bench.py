@@ -16,7 +16,7 @@ from django.core.management import CommandError, call_command
 from bench import llm_procs
 from tests.helpers import ROOT, subprocess_database_url
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess, pytest.mark.slow]
 
 
 def test_a_tiny_run_of_every_mode(tmp_path, capsys) -> None:

@@ -48,15 +48,22 @@ def url(path: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def conformance(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    """The official suite's report against each server: the three runs at once, since the suite
-    spends most of its half a minute waiting (TTLs expiring, long-polls timing out). Each run has
-    streams of its own (the suite names them uniquely), and all are over before the first test
-    that reads them ends."""
+def conformance(
+    request: pytest.FixtureRequest, django_db_setup: None, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, dict[str, Any]]:
+    """The official suite's report against each server whose test runs (daphne's in the default
+    pass, the others' with ``-m slow``): the runs at once, since the suite spends most of its half
+    a minute waiting (TTLs expiring, long-polls timing out). Each run has streams of its own (the
+    suite names them uniquely), and all are over before the first test that reads them ends."""
+    selected = [
+        item.callspec.params["server"]
+        for item in request.session.items
+        if getattr(item, "originalname", "") == "test_the_official_conformance_suite_passes_every_test"
+    ]
     suite = node_dir()
     runs = {}
     with contextlib.ExitStack() as servers:
-        for name in SERVERS:
+        for name in selected:
             host = servers.enter_context(open_server(name))
             folder = tmp_path_factory.mktemp(name)
             env = {**os.environ, "CONFORMANCE_TEST_URL": f"http://{host}/pgstreams"}
@@ -78,7 +85,9 @@ def conformance(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory)
     }
 
 
-@pytest.mark.parametrize("server", SERVERS)
+@pytest.mark.parametrize(
+    "server", [name if name == "daphne" else pytest.param(name, marks=pytest.mark.slow) for name in SERVERS]
+)
 def test_the_official_conformance_suite_passes_every_test(conformance: dict[str, dict[str, Any]], server: str) -> None:
     results = conformance[server]
     assert "testResults" in results, results["output"][-3000:]

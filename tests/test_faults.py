@@ -33,7 +33,7 @@ from pgstreams import notify
 from pgstreams.models import Chunk, Stream
 from tests.helpers import RawWebSocket, Reader, subprocess_database_url
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess, pytest.mark.faults]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess, pytest.mark.faults, pytest.mark.slow]
 
 
 def committed(stream_id) -> list[tuple[int, str]]:

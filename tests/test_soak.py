@@ -16,7 +16,7 @@ import pytest
 from tests.helpers import ROOT, subprocess_database_url
 from tests.test_faults import _forget_dead_connections
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess, pytest.mark.faults]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess, pytest.mark.faults, pytest.mark.slow]
 
 SUMMARY = re.compile(r"soak: (\d+) faults \((\d+) kinds\), (\d+) chunks checked .*, (\d+) anomalies, seed (\d+)")
 
