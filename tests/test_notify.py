@@ -121,6 +121,8 @@ def test_final_flush_at_exit_sends_what_the_interval_held_back(listen: psycopg.C
     assert marks == [Mark(s.id, 1, False), Mark(s.id, 5, False)]
 
 
+# A forked worker of a threaded server (gunicorn's preload) is what this test is about.
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
 def test_a_forked_child_starts_with_an_empty_buffer_and_its_own_flusher() -> None:
     parent = notify.flusher()
     parent._pending[uuid.uuid4()] = Mark(uuid.uuid4(), 1, False)  # pending, as if not yet flushed
