@@ -24,7 +24,8 @@ GUIDE = ROOT / "docs" / "GUIDE.md"
 
 
 def guide_files() -> dict[str, str]:
-    """The blocks of the guide's first three sections whose first line names their file."""
+    """The blocks of the guide's first three sections, by the file their first line names (the
+    last block of a file shown twice)."""
     text = GUIDE.read_text()
     sections = text.split("## 1. Install", 1)[1].split("## 4. ", 1)[0]
     files = {}
@@ -46,7 +47,9 @@ def make_project(folder: Path) -> None:
     for name, block in files.items():
         if name != "myproject/settings.py":
             (folder / name).write_text(block)
-    database = {key: connection.settings_dict[key] for key in ("ENGINE", "NAME", "USER", "PASSWORD", "HOST", "PORT")}
+    # The guide's ENGINE with the test database's place (the embedded server's socket, when it is that).
+    database = {key: connection.settings_dict[key] for key in ("NAME", "USER", "PASSWORD", "HOST", "PORT")}
+    database["ENGINE"] = "django.db.backends.postgresql"
     with (folder / "myproject" / "settings.py").open("a") as project_settings:
         project_settings.write(f"\n{files['myproject/settings.py']}\nDATABASES = {{'default': {database!r}}}\n")
 
