@@ -188,10 +188,11 @@ class Listener:
             done, _ = await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)
             for task in done - {stopping}:
                 name = tasks.pop(task)
+                error = None if task.cancelled() else task.exception()  # retrieved, logged or not
                 if self._stopping.is_set():
                     continue  # it ended at the stop, which is being handled
                 if not task.cancelled():
-                    logger.error("pgstreams: %s failed, restarting it", name, exc_info=task.exception())
+                    logger.error("pgstreams: %s failed, restarting it", name, exc_info=error)
                 self.stats.restarts += 1
                 self._work.set()  # whatever the failed loop was doing is done again
                 tasks[asyncio.create_task(loops[name](), name=name)] = name
@@ -210,6 +211,8 @@ class Listener:
     async def _connect(self, alias: str, role: str) -> psycopg.AsyncConnection[Any]:
         conn = await db.aconnect(alias, role)
         self._conns.add(conn)
+        if self._stopping.is_set():
+            db.sever(conn)  # connected after stop() severed the others: its first query fails too
         return conn
 
     async def _disconnect(self, conn: psycopg.AsyncConnection[Any]) -> None:

@@ -50,18 +50,22 @@ def node_dir() -> Path:
 
 def in_thread(function, *args):
     """Run a database call in another thread: Playwright's sync API runs an event loop in this one.
-    The thread closes its connections as it ends."""
-    done = []
+    The thread closes its connections as it ends; what the call raised is raised here."""
+    done, failed = [], []
 
     def call() -> None:
         try:
             done.append(function(*args))
+        except BaseException as exc:
+            failed.append(exc)
         finally:
             connections.close_all()
 
     worker = threading.Thread(target=call)
     worker.start()
     worker.join(30)
+    if failed:
+        raise failed[0]
     return done[0] if done else None
 
 

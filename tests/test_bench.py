@@ -16,9 +16,10 @@ from django.core.management import CommandError, call_command
 from bench import llm_procs
 from tests.helpers import ROOT, subprocess_database_url
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess, pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess]
 
 
+@pytest.mark.slow
 def test_a_tiny_run_of_every_mode(tmp_path, capsys) -> None:
     out, png = tmp_path / "out.json", tmp_path / "out.png"
     call_command(
@@ -63,6 +64,7 @@ def test_a_tiny_run_of_every_mode(tmp_path, capsys) -> None:
     assert "buffered / per_write" in table and "WebSocket" in table
 
 
+@pytest.mark.slow
 def test_a_tiny_replica_sweep(tmp_path) -> None:
     # In a process of its own: the sweep adds its pair's aliases to settings.DATABASES, which
     # pytest-django forbids inside a database test.
@@ -85,6 +87,7 @@ def test_a_tiny_replica_sweep(tmp_path) -> None:
     assert "remote_write/on" in done.stdout
 
 
+@pytest.mark.slow
 def test_a_tiny_fanout_run_over_every_transport(tmp_path) -> None:
     """Each transport delivers every chunk once, in order, to every subscriber, measured only
     once all of them have connected (the connect storm is reported apart); and the raw ceiling
@@ -107,6 +110,7 @@ def test_a_tiny_fanout_run_over_every_transport(tmp_path) -> None:
     assert "connect s" in done.stdout
 
 
+@pytest.mark.slow
 def test_a_tiny_durable_run_loads_the_reference_and_pgstreams_alike(tmp_path) -> None:
     """Every part of the Durable Streams load runs against both servers: appends, creates and
     catch-up reads none failed, every live reader got every append."""
@@ -143,6 +147,7 @@ def test_replica_writers_must_be_positive_numbers() -> None:
         call_command("pgstreams_bench", "--replica", "--replica-writers", "16,x")
 
 
+@pytest.mark.slow
 def test_a_tiny_llm_run_of_every_write_method(tmp_path, capsys) -> None:
     out, png = tmp_path / "llm.json", tmp_path / "llm.png"
     call_command(

@@ -29,8 +29,10 @@ from django.db import connection, connections
 import pgstreams
 from bench.pgserver import ServerControl
 from bench.proxy import database_via, proxy_for
+from bench.servers import SERVERS
 from pgstreams import notify
 from pgstreams.models import Chunk, Stream
+from tests.conftest import open_server
 from tests.helpers import RawWebSocket, Reader, subprocess_database_url
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess, pytest.mark.faults, pytest.mark.slow]
@@ -186,8 +188,12 @@ async def _follow(
                 pass  # closed after the end frame, which is still to be read
 
 
-def test_a_websocket_client_that_stops_reading_holds_bounded_server_memory(any_server: str, request) -> None:
-    asyncio.run(_stalled_client(any_server, request.node.callspec.params["any_server"]))
+@pytest.mark.parametrize("server", SERVERS)
+def test_a_websocket_client_that_stops_reading_holds_bounded_server_memory(server: str) -> None:
+    # Each memory test has a server of its own: one whose heap grew in an earlier test would
+    # reuse that memory and hide the growth being measured.
+    with open_server(server) as host:
+        asyncio.run(_stalled_client(host, server))
 
 
 async def _until_set(events: list[asyncio.Event], tasks: list[asyncio.Task], timeout: float) -> None:
@@ -392,14 +398,16 @@ def test_connections_frozen_mid_stream_are_given_up_and_readers_catch_up(spawn) 
     assert stats["flusher"]["flushes"] >= 2  # ...and the next ones went through a new connection
 
 
-def test_a_client_that_acks_without_reading_holds_bounded_server_memory(any_server: str, request) -> None:
+@pytest.mark.parametrize("server", SERVERS)
+def test_a_client_that_acks_without_reading_holds_bounded_server_memory(server: str) -> None:
     """The lying client: a raw socket that acknowledges everything every 50 ms and never reads,
     while 50 MB are written to its stream. Acks that are not backed by reading must not open
     the window: an ack that names no frame the client read is refused (4400) and the socket
     closed, so the server holds nothing for it, under daphne (which has no backpressure) as
     under uvicorn and granian (which have). A client that reads nothing and acks nothing holds one window:
     test_a_websocket_client_that_stops_reading_holds_bounded_server_memory."""
-    asyncio.run(_lying_client(any_server, request.node.callspec.params["any_server"]))
+    with open_server(server) as host:
+        asyncio.run(_lying_client(host, server))
 
 
 async def _lying_client(host: str, name: str) -> None:
@@ -439,11 +447,13 @@ async def _lying_client(host: str, name: str) -> None:
     assert growth_mib < 25
 
 
-def test_a_durable_streams_sse_client_that_stops_reading_holds_bounded_server_memory(any_server: str, request) -> None:
+@pytest.mark.parametrize("server", SERVERS)
+def test_a_durable_streams_sse_client_that_stops_reading_holds_bounded_server_memory(server: str) -> None:
     """A raw socket (a 4 KiB receive buffer) opens a Durable Streams SSE answer at the tail of a
     stream and never reads, while 48 MB are written to it: the answer ends after SSE_BYTES, so
     the server holds about that much for it, not all that was written (it held all of it)."""
-    asyncio.run(_silent_sse_client(any_server, request.node.callspec.params["any_server"]))
+    with open_server(server) as host:
+        asyncio.run(_silent_sse_client(host, server))
 
 
 async def _silent_sse_client(host: str, name: str) -> None:
