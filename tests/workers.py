@@ -8,8 +8,9 @@ prints "first", waits for a line on stdin, writes the rest, prints "written", th
 their notifications still in its buffer until it is killed (or, with ``--os-exit``, leaves at
 once through ``os._exit()``).
 
-``python -m tests.workers exit --stream ID --count 5 --flush-interval 3600``: writes, then exits
-normally, leaving the final flush at exit to announce the last writes.
+``python -m tests.workers exit --stream ID --count 5 --flush-interval 3600``: writes one chunk and
+waits for its flush (which goes at once), writes the rest, then exits normally, leaving the final
+flush at exit to announce them.
 
 ``python -m tests.workers steady --stream ID --count 300 --pause 0.005``: writes at a steady pace,
 then closes the stream and prints its flusher's stats as JSON.
@@ -100,8 +101,13 @@ def hang(stream: str, count: int, os_exit: bool) -> None:
 
 def exit_after(stream: str, count: int) -> None:
     import pgstreams
+    from pgstreams import notify
 
-    for i in range(count):
+    pgstreams.write(stream, "e0")
+    deadline = time.monotonic() + 30
+    while notify.flusher().stats.flushes < 1 and time.monotonic() < deadline:  # its flush goes at once
+        time.sleep(0.01)
+    for i in range(1, count):  # these wait for the interval, or the exit
         pgstreams.write(stream, f"e{i}")
 
 
