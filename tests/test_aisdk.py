@@ -334,6 +334,19 @@ def test_a_chat_with_no_answer_resumes_to_nothing(demo_server: str, chat_client)
     assert nothing["status"] == "ready" and nothing["messages"] == [] and nothing["deltas"] == 0
 
 
+async def test_the_demos_chat_endpoints_answer_json_nested_too_deeply_as_bad_json() -> None:
+    """Python's parser gives up on deep nesting with RecursionError, which answered 500."""
+    user = await sync_to_async(get_user_model().objects.create_user)("deep", password="pw")
+    client = AsyncClient()
+    await client.aforce_login(user)
+    deep = "[" * 100_000 + "]" * 100_000
+    for path in ("/ai/chat", "/ai/durable/chat"):
+        answer = await client.post(path, deep, content_type="application/json")
+        assert answer.status_code == 400 and b"must be JSON" in answer.content, path
+    stop = await client.post("/ai/chat/deep/stop", deep, content_type="application/json")
+    assert stop.status_code == 200 and stop.json() == {"stopped": False}
+
+
 def readme_files() -> dict[str, str]:
     """The README's AI SDK example: each Python block whose first line names its file."""
     readme = (ROOT / "README.md").read_text()

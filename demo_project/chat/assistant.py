@@ -111,7 +111,7 @@ async def stop(request: HttpRequest, chat_id: str) -> JsonResponse:
 async def _start(request: HttpRequest) -> Conversation | HttpResponse:
     """The prompt's turn, its answer started; or the 400 that refuses the request."""
     try:
-        body = json.loads(request.body)
+        body = _loads(request.body)
         chat_id, messages = body["id"], body["messages"]
     except (ValueError, KeyError, TypeError):
         return _refused('the body must be JSON with "id" and "messages", as the AI SDK sends it')
@@ -160,10 +160,18 @@ def _prompt(messages: Any) -> str:
 
 def _json(request: HttpRequest) -> dict[str, Any]:
     try:
-        body = json.loads(request.body or b"{}")
+        body = _loads(request.body or b"{}")
     except ValueError:
         return {}
     return body if isinstance(body, dict) else {}
+
+
+def _loads(body: bytes) -> Any:
+    """A body's JSON; ValueError for one that is not, or is nested too deeply to parse."""
+    try:
+        return json.loads(body)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
 
 
 def _refused(message: str) -> HttpResponse:
