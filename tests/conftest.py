@@ -183,6 +183,9 @@ def open_durable_server(django_db_setup: None) -> Iterator[str]:
         yield host
 
 
+OPEN_DURABLE = {"DEMO_OPEN_DURABLE_STREAMS": "1"}
+
+
 @contextlib.contextmanager
 def open_server(server: str) -> Iterator[str]:
     """The demo's ASGI application under ``server`` with its Durable Streams endpoint open to
@@ -190,9 +193,6 @@ def open_server(server: str) -> Iterator[str]:
     port = free_port()
     with serving(server_command(server, "demo_project.asgi:application", port), port, env=OPEN_DURABLE) as host:
         yield host
-
-
-OPEN_DURABLE = {"DEMO_OPEN_DURABLE_STREAMS": "1"}
 
 
 @pytest.fixture(scope="session")

@@ -268,7 +268,7 @@ def test_the_demo_application_starts_with_its_start_up_objects_frozen_out_of_the
     assert int(done.stdout) > 10_000  # Django, the apps, the URLconf, pgstreams
 
 
-def test_stop_database_stops_an_embedded_postgres_and_says_when_none_runs(tmp_path: Path) -> None:
+def test_stop_embedded_stops_a_running_server_and_returns_false_when_none_runs(tmp_path: Path) -> None:
     from demo_project.database import pg_ctl, stop_embedded
 
     with warnings.catch_warnings():

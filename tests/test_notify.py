@@ -113,7 +113,7 @@ def test_final_flush_at_exit_sends_what_the_interval_held_back(listen: psycopg.C
     import pgstreams
 
     s = pgstreams.create_stream()
-    proc = spawn("exit", "--stream", str(s.id), "--count", "5", "--flush-interval", "3600")
+    proc = spawn("exit", "--stream", str(s.id), "--count", "5", "--setting", "FLUSH_INTERVAL=3600")
     assert proc.wait(60) == 0, proc.stderr.read()
     notes = heard(listen, [s.id], until=lambda notes: sum(len(n.marks) for n in notes) >= 2, linger=0.3)
     marks = [m for n in notes for m in n.marks]

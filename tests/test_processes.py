@@ -55,7 +55,7 @@ def test_a_writer_that_dies_before_its_flush_is_caught_up_by_polling(spawn, deat
         reader.start()
         hub = listener.get_listener()
         how = ["--os-exit"] if death == "os._exit" else []
-        proc = spawn("hang", "--stream", str(s.id), "--count", "20", "--flush-interval", "3600", *how)
+        proc = spawn("hang", "--stream", str(s.id), "--count", "20", "--setting", "FLUSH_INTERVAL=3600", *how)
         assert proc.stdout.readline().strip() == "first"
         _wait_for(lambda: len(reader.got) == 1)
         proc.stdin.write("go\n")

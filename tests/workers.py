@@ -3,12 +3,12 @@
 ``python -m tests.workers threads --stream ID --threads 16 --per-thread 50``: 16 threads write
 one stream, some writes rolled back; prints one JSON list of the committed (offset, data) pairs.
 
-``python -m tests.workers hang --stream ID --count 20 --flush-interval 3600``: writes one chunk,
+``python -m tests.workers hang --stream ID --count 20 --setting FLUSH_INTERVAL=3600``: writes one chunk,
 prints "first", waits for a line on stdin, writes the rest, prints "written", then sleeps with
 their notifications still in its buffer until it is killed (or, with ``--os-exit``, leaves at
 once through ``os._exit()``).
 
-``python -m tests.workers exit --stream ID --count 5 --flush-interval 3600``: writes one chunk and
+``python -m tests.workers exit --stream ID --count 5 --setting FLUSH_INTERVAL=3600``: writes one chunk and
 waits for its flush (which goes at once), writes the rest, then exits normally, leaving the final
 flush at exit to announce them.
 
@@ -215,7 +215,6 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--per-thread", type=int, default=50)
     parser.add_argument("--count", type=int, default=20)
     parser.add_argument("--pause", type=float, default=0.005)
-    parser.add_argument("--flush-interval", type=float, default=None)
     parser.add_argument(
         "--setting", action="append", default=[], metavar="KEY=JSON", help="a PGSTREAMS setting, e.g. QUERY_TIMEOUT=2"
     )
@@ -231,8 +230,6 @@ def main(argv: list[str]) -> None:
 
         settings.DATABASES["via"] = from_url(args.via)  # before django.setup() configures connections
         overrides["DATABASE"] = "via"
-    if args.flush_interval is not None:
-        overrides["FLUSH_INTERVAL"] = args.flush_interval
     for setting in args.setting:
         key, _, value = setting.partition("=")
         overrides[key] = json.loads(value)
