@@ -13,12 +13,17 @@ an answer as the SDK's client reads it: every part from the first (the client tr
 answer as a replay from its ``start``, and replaces the message with that id, so nothing is
 shown twice), the live ones as they commit, then ``[DONE]`` at the close.
 
-A writer keeps a lease on its answer (``leases``: ``LEASE`` seconds, renewed a third of it
-apart); a response that finds the answer it follows silent and past its lease ends it with an
-``error`` part, as the Durable Streams endpoint's live reads do. A response at its answer's tail
-counts silence in whole intervals (``delivery``), so a generation whose process died leaves no
-client of ``response`` waiting more than ``LEASE`` + 2 x ``HEARTBEAT`` seconds after its last
-renewal (one of the Durable Streams endpoint, ``LEASE`` + twice its keep-alive interval).
+An answer is leased from its creation for the time it may wait for its writer
+(``create_answer``'s ``queue_timeout``, ``QUEUE_TIMEOUT`` by default: minutes, for a task queue
+or a pool), to end with an ``error`` part saying that no writer started it. A writer takes the
+answer when it starts: its lease is then ``LEASE`` seconds, renewed a third of it apart, to end
+with an ``error`` part saying that the writer stopped. A response that finds the answer it
+follows silent and past its lease ends it with that part, as the Durable Streams endpoint's live
+reads do. A response at its answer's tail counts silence in whole intervals (``delivery``),
+so a generation whose process died leaves no client of ``response`` waiting more than ``LEASE`` +
+2 x ``HEARTBEAT`` seconds after its last renewal (one of the Durable Streams endpoint, ``LEASE`` +
+twice its keep-alive interval), and an answer no writer took, no more than its queue timeout + 2 x
+``HEARTBEAT`` after its creation.
 
 Not here: conversations and which answer is a chat's latest (the project's models, as in the
 SDK's own examples), calling models, and who may read an answer (the project's view decides
@@ -31,6 +36,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import re
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
@@ -49,10 +55,12 @@ logger = logging.getLogger("pgstreams.aisdk")
 # What the SDK's own server helpers send with a UI message stream (less the hop-by-hop
 # Connection header, which ASGI servers set themselves).
 HEADERS: Final = {"x-vercel-ai-ui-message-stream": "v1", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-LEASE: Final = 10.0  # seconds an open answer is kept for its writer without a renewal
+LEASE: Final = 10.0  # seconds a started answer is kept for its writer without a renewal
+QUEUE_TIMEOUT: Final = 600.0  # seconds a created answer is kept for its writer to start, by default
 HEARTBEAT: Final = 5.0  # seconds of silence after which a response sends a comment and looks at the lease
 ERROR_TEXT: Final = "The answer failed."  # what a client is shown: the exception stays in the server's log
 ABANDONED_TEXT: Final = "The answer's writer stopped before it finished."
+NOT_STARTED_TEXT: Final = "No writer started the answer in time."
 
 Ending = Literal["finish", "error", "stopped"]
 
@@ -75,19 +83,28 @@ def _abandoned() -> str:
     return part("error", errorText=ABANDONED_TEXT)
 
 
-def create_answer(*, using: str | None = None, **fields: Any) -> Stream:
+def create_answer(*, queue_timeout: float | None = None, using: str | None = None, **fields: Any) -> Stream:
     """``create_stream(**fields)`` for an answer: an ``application/json`` stream (a part per
     chunk, so that the Durable Streams endpoint serves it, with a ``path``, to
-    ``@durable-streams/aisdk-transport`` as it is), leased from now: if nothing writes it within
-    LEASE (the process that was to generate it died first), its readers end it."""
+    ``@durable-streams/aisdk-transport`` as it is), leased for its writer to start.
+
+    Args:
+        queue_timeout: seconds the answer may wait for its writer (QUEUE_TIMEOUT if None): give
+            it the longest wait the project's task queue or pool may make. If no writer has
+            started it by then, its readers end it with an ``error`` part (NOT_STARTED_TEXT).
+            Once a writer starts, the lease is LEASE, renewed while it writes.
+    """
+    seconds = QUEUE_TIMEOUT if queue_timeout is None else queue_timeout
+    if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"queue_timeout is a number of seconds above 0, not {queue_timeout!r}")
     stream = create_stream(using=using, **{"content_type": "application/json", **fields})
-    leases.renew(stream.id, LEASE, _abandoned(), using=using)
+    leases.renew(stream.id, seconds, part("error", errorText=NOT_STARTED_TEXT), using=using)
     return stream
 
 
-async def acreate_answer(*, using: str | None = None, **fields: Any) -> Stream:
+async def acreate_answer(*, queue_timeout: float | None = None, using: str | None = None, **fields: Any) -> Stream:
     """``create_answer()`` for async code."""
-    return await _create_answer_async(using=using, **fields)
+    return await _create_answer_async(queue_timeout=queue_timeout, using=using, **fields)
 
 
 def start_answer(
@@ -116,6 +133,9 @@ async def write_answer(
     ``source`` raised (logged here; the client is shown ERROR_TEXT). Chunks go through a
     ``stream_writer``, so a part costs no wait for its commit.
 
+    Starting takes the answer: its lease, until now the time it may wait for a writer, is LEASE
+    from here, renewed a third of it apart until the answer ends.
+
     Returns how it ended: "finish", "error", or "stopped" if the stream was closed meanwhile
     (``stop``, or a reader that found its lease run out): then ``source`` is closed at its next
     part and nothing more is written.
@@ -123,8 +143,10 @@ async def write_answer(
     sid = stream_uuid(stream_id)
     alias = using or conf.database()
     ending: Ending = "finish"
-    lease = asyncio.create_task(_keep_lease(sid, alias), name=f"pgstreams-aisdk-lease-{sid}")
+    lease: asyncio.Task[None] | None = None
     try:
+        await leases.arenew(sid, LEASE, _abandoned(), using=alias)  # taken: the lease counts from here
+        lease = asyncio.create_task(_keep_lease(sid, alias), name=f"pgstreams-aisdk-lease-{sid}")
         async with appends.stream_writer(sid, using=alias) as writer:
             await writer.send(part("start", messageId=message_id(sid)))
             await writer.send(part("start-step"))
@@ -157,7 +179,8 @@ async def write_answer(
     except StreamClosed:
         return "stopped"
     finally:
-        lease.cancel()
+        if lease is not None:
+            lease.cancel()
         if hasattr(source, "aclose"):
             await source.aclose()
 
@@ -238,10 +261,11 @@ _create_answer_async = threads.writes.wrap(create_answer)
 
 
 async def _keep_lease(sid: uuid.UUID, alias: str) -> None:
-    """Renew the answer's lease until cancelled; a renewal that fails is logged and tried again."""
+    """Renew the lease its writer took until cancelled; a renewal that fails is logged and tried
+    again."""
     while True:
+        await asyncio.sleep(LEASE / 3)
         try:
             await leases.arenew(sid, LEASE, _abandoned(), using=alias)
         except Exception:
             logger.exception("pgstreams: could not renew the lease of the answer in stream %s", sid)
-        await asyncio.sleep(LEASE / 3)

@@ -2,8 +2,10 @@
 log) renews a lease on its stream while it writes, naming the chunk that is to end the stream if
 it stops renewing; a reader that finds the stream silent and the lease run out appends that
 chunk and closes the stream, in one transaction of the append path, so that no reader waits
-forever for a writer that is gone. The lease is kept in the stream's metadata (``KEY``), by the
-database's clock, so processes whose clocks differ agree on it.
+forever for a writer that is gone. A stream can be leased before its writer starts, for the time
+it may wait for one, with a last chunk of its own (``aisdk.create_answer`` does): a renewal
+replaces the lease whole, its time and its last chunk. The lease is kept in the stream's
+metadata (``KEY``), by the database's clock, so processes whose clocks differ agree on it.
 
 Not here: when readers ask (``aisdk.response`` and the Durable Streams endpoint's live reads do,
 after a silence), and what the last chunk says (the writer's choice). A stream without a lease

@@ -1,10 +1,11 @@
 """The AI SDK's UI message stream from pgstreams (``pgstreams.aisdk``): answers written as parts,
-ended once by finish, error or stop, served from their first part; then the SDK's own chat client
-(``node/aisdk_chat.mjs``: @ai-sdk/react's ``Chat`` and ``DefaultChatTransport``) against the
-demo's endpoints under daphne: a whole answer, a reload mid-answer, two tabs, a stop then a
-reload, an answer read after it ended, and a generating process killed mid-answer; a project
-made from the README's example alone; and ``useChat`` itself in Chromium, on the demo's page (a
-vendored bundle, held to what its source builds)."""
+ended once by finish, error, stop or a lease run out (a writer's, or a queued answer's that no
+writer started), served from their first part; more answers than the demo's pool has workers, at
+a model's pace; then the SDK's own chat client (``node/aisdk_chat.mjs``: @ai-sdk/react's ``Chat``
+and ``DefaultChatTransport``) against the demo's endpoints under daphne: a whole answer, a reload
+mid-answer, two tabs, a stop then a reload, an answer read after it ended, and a generating
+process killed mid-answer; a project made from the README's example alone; and ``useChat``
+itself in Chromium, on the demo's page (a vendored bundle, held to what its source builds)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -29,7 +31,7 @@ from django.test import AsyncClient, Client, override_settings
 import pgstreams
 from demo_project.chat import llm
 from demo_project.chat.models import Conversation
-from pgstreams import aisdk, leases
+from pgstreams import aisdk, leases, protocol
 from pgstreams.durable import views as durable_views
 from pgstreams.models import Chunk, Stream
 from tests.conftest import serving
@@ -126,14 +128,64 @@ async def test_a_stop_after_the_finish_does_nothing() -> None:
     assert (await sync_to_async(kinds)(stream))[-1] == "finish"
 
 
-async def test_an_answer_nobody_writes_past_its_lease_is_ended_by_its_reader(monkeypatch) -> None:
+async def test_an_answer_whose_writer_stopped_renewing_is_ended_by_its_reader_past_its_lease(monkeypatch) -> None:
     monkeypatch.setattr(aisdk, "LEASE", 0.3)
     monkeypatch.setattr(aisdk, "HEARTBEAT", 0.2)
-    stream = await sync_to_async(aisdk.create_answer)()  # and its writer never starts
-    await pgstreams.aappend(stream.id, aisdk.part("start", messageId=aisdk.message_id(stream.id)))
+    stream = await sync_to_async(aisdk.create_answer)()
+    said = asyncio.Event()
+
+    async def stalls():
+        yield "so far"
+        said.set()
+        await asyncio.Event().wait()  # the model says nothing more
+
+    writing = asyncio.ensure_future(aisdk.write_answer(stream.id, stalls()))
+    await asyncio.wait_for(said.wait(), 10)
+    writing.cancel()  # its lease is no longer renewed, as when its process dies
+    with pytest.raises(asyncio.CancelledError):
+        await writing
     events = await asyncio.wait_for(served(stream.id), 10)
     assert json.loads(events[-2]) == {"type": "error", "errorText": aisdk.ABANDONED_TEXT} and events[-1] == "[DONE]"
+    assert "so far" in "".join(events)
     assert (await Stream.objects.aget(pk=stream.pk)).is_closed
+
+
+async def test_an_answer_waiting_for_its_writer_past_the_lease_is_not_ended_and_its_writer_finishes_it(
+    monkeypatch,
+) -> None:
+    """The lease counts from the writer's start: an answer queued behind busy writers is not dead."""
+    monkeypatch.setattr(aisdk, "LEASE", 0.3)
+    monkeypatch.setattr(aisdk, "HEARTBEAT", 0.2)
+    stream = await sync_to_async(aisdk.create_answer)()  # its writer is busy with other answers
+    body = aisdk.response(stream.id).streaming_content
+    for _ in range(4):  # four silences, each looked at by the reader, the later ones past LEASE
+        assert await asyncio.wait_for(anext(body), 10) == protocol.SSE_KEEPALIVE
+    assert await aisdk.write_answer(stream.id, words("at", " last")) == "finish"
+    events = [e.removeprefix("data: ") for e in b"".join([p async for p in body]).decode().split("\n\n")]
+    events = [e for e in events if e and not e.startswith(":")]
+    assert [json.loads(e)["type"] for e in events[:-1]][-2:] == ["finish-step", "finish"] and events[-1] == "[DONE]"
+    assert "".join(p["delta"] for p in await sync_to_async(parts)(stream) if p["type"] == "text-delta") == "at last"
+
+
+async def test_an_answer_no_writer_takes_is_ended_past_its_queue_timeout_and_a_late_writer_writes_nothing(
+    monkeypatch,
+) -> None:
+    monkeypatch.setattr(aisdk, "HEARTBEAT", 0.2)
+    stream = await aisdk.acreate_answer(queue_timeout=0.3)
+    events = await asyncio.wait_for(served(stream.id), 10)
+    assert [json.loads(e) for e in events[:-1]] == [{"type": "error", "errorText": aisdk.NOT_STARTED_TEXT}]
+    assert events[-1] == "[DONE]" and (await Stream.objects.aget(pk=stream.pk)).is_closed
+    assert await aisdk.write_answer(stream.id, words("too late")) == "stopped"
+    assert await sync_to_async(kinds)(stream) == ["error"]
+
+
+@pytest.mark.parametrize("given", [0, -1.0, float("nan"), float("inf"), "60"])
+def test_a_queue_timeout_that_is_not_a_number_of_seconds_above_zero_is_refused_before_a_stream_is_made(
+    given,
+) -> None:
+    with pytest.raises(ValueError, match="queue_timeout"):
+        aisdk.create_answer(queue_timeout=given)
+    assert not Stream.objects.exists()
 
 
 async def test_a_writer_that_lives_keeps_its_lease_while_its_model_is_silent(monkeypatch) -> None:
@@ -345,6 +397,43 @@ async def test_the_demos_chat_endpoints_answer_json_nested_too_deeply_as_bad_jso
         assert answer.status_code == 400 and b"must be JSON" in answer.content, path
     stop = await client.post("/ai/chat/deep/stop", deep, content_type="application/json")
     assert stop.status_code == 200 and stop.json() == {"stopped": False}
+
+
+@pytest.mark.slow
+async def test_more_answers_than_the_demos_pool_has_workers_all_finish_at_a_models_pace(monkeypatch) -> None:
+    """Three prompts to the demo's endpoint, its pool made two workers, at 4 tokens/s: the third
+    answer waits about 24 s for a worker, longer than LEASE + 2 x HEARTBEAT, and is not ended."""
+    monkeypatch.setattr(llm, "_executor", ThreadPoolExecutor(max_workers=2, thread_name_prefix="chat-llm"))
+    prompts = ["What happens on reconnect?", PROMPT, "Which servers?"]  # 95, 99, then 59 tokens
+    user = await sync_to_async(get_user_model().objects.create_user)("queued", password="pw")
+    client = AsyncClient()
+    await client.aforce_login(user)
+
+    async def ask(prompt: str) -> Any:  # in this order: each answer goes to the pool as it is asked
+        body = {"id": "queued", "messages": [{"role": "user", "parts": [{"type": "text", "text": prompt}]}]}
+        reply = await client.post("/ai/chat", json.dumps(body), content_type="application/json")
+        assert reply.status_code == 200
+        return reply
+
+    async def read(reply: Any) -> tuple[list[dict[str, Any]], float]:
+        text = b"".join([piece async for piece in reply.streaming_content]).decode()
+        events = [e.removeprefix("data: ") for e in text.split("\n\n") if e and not e.startswith(":")]
+        assert events[-1] == "[DONE]"
+        return [json.loads(e) for e in events[:-1]], time.monotonic() - asked
+
+    with override_settings(CHAT_TOKENS_PER_SECOND=4):
+        try:
+            asked = time.monotonic()
+            replies = [await ask(prompt) for prompt in prompts]
+            results = await asyncio.gather(*(read(reply) for reply in replies))
+        finally:
+            await asyncio.to_thread(llm._executor.shutdown)
+    for prompt, (answer, took) in zip(prompts, results, strict=True):
+        print(f"{len(llm.answer(prompt))} tokens, ended with {answer[-1]['type']} {took:.1f} s after it was asked")
+    for prompt, (answer, _) in zip(prompts, results, strict=True):
+        assert [p["type"] for p in answer][-1] == "finish", (prompt, answer[-1])
+        assert "error" not in [p["type"] for p in answer]
+        assert "".join(p["delta"] for p in answer if p["type"] == "text-delta") == "".join(llm.answer(prompt))
 
 
 def readme_files() -> dict[str, str]:
