@@ -16,7 +16,6 @@ import sys
 import time
 from typing import Any
 
-import django
 import httpx
 import psycopg
 import pytest
@@ -549,38 +548,6 @@ def shortcut(scheme: str = "http") -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=transport, base_url=f"{scheme}://127.0.0.1")
 
 
-async def test_the_shortcut_checks_the_host_and_applies_the_security_middleware() -> None:
-    s = await pgstreams.acreate_stream(path="shortcut/host")
-    await pgstreams.awrite(s.id, "the data")
-    await pgstreams.aclose(s.id)
-    async with shortcut() as client:
-        rebinding = {"Host": "attacker.example"}
-        answers = [
-            await client.get(url("shortcut/host"), headers=rebinding),
-            await client.head(url("shortcut/host"), headers=rebinding),
-            await client.get(url("shortcut/host"), params={"offset": "-1", "live": "sse"}, headers=rebinding),
-        ]
-        assert [a.status_code for a in answers] == [400, 400, 400]
-        assert not any(b"the data" in a.content for a in answers)
-        assert (await client.get(url("shortcut/host"))).content == b"the data"
-    without_common = [name for name in settings.MIDDLEWARE if name != "django.middleware.common.CommonMiddleware"]
-    with OPEN, override_settings(MIDDLEWARE=without_common):  # the host is then checked by the shortcut alone
-        async with shortcut() as client:
-            refused = [
-                await client.get(url("shortcut/host"), headers=rebinding),
-                await client.put(url("shortcut/rebound"), headers={**rebinding, "Content-Type": "text/plain"}),
-            ]
-            assert [a.status_code for a in refused] == [400, 400]
-    assert not await Stream.objects.filter(path="shortcut/rebound").aexists()
-    with override_settings(SECURE_SSL_REDIRECT=True, SECURE_HSTS_SECONDS=3600):
-        async with shortcut() as client:
-            plain = await client.get(url("shortcut/host"))
-            assert plain.status_code == 301 and plain.headers["Location"].startswith("https://")
-        async with shortcut("https") as secure:
-            answer = await secure.get(url("shortcut/host"))
-            assert answer.status_code == 200 and answer.headers["Strict-Transport-Security"] == "max-age=3600"
-
-
 async def test_the_shortcut_serves_a_project_under_a_script_prefix() -> None:
     """Under ASGI's ``root_path``, the endpoint's URLs are the prefixed ones: a fork may name its
     source by such a URL, and a request without the prefix after it is served unprefixed."""
@@ -605,53 +572,6 @@ async def test_the_shortcut_serves_a_project_under_a_script_prefix() -> None:
             assert again.status_code == 201 and again.headers["Location"] == "http://127.0.0.1" + url("prefixed/again")
 
 
-async def test_the_shortcut_sends_anonymous_readers_to_log_in_where_the_site_requires_it() -> None:
-    await pgstreams.acreate_stream(path="shortcut/anyones")
-    user = await sync_to_async(get_user_model().objects.create_user)("reader", password="pw")
-    login_required = [*settings.MIDDLEWARE, "django.contrib.auth.middleware.LoginRequiredMiddleware"]
-    with override_settings(MIDDLEWARE=login_required):
-        async with shortcut() as client:
-            anonymous = await client.get(url("shortcut/anyones"))
-            assert anonymous.status_code == 302 and "/accounts/login/" in anonymous.headers["Location"]
-            signed_in = Client()
-            await sync_to_async(signed_in.force_login)(user)
-            client.cookies.set(settings.SESSION_COOKIE_NAME, signed_in.cookies[settings.SESSION_COOKIE_NAME].value)
-            assert (await client.get(url("shortcut/anyones"))).status_code == 200
-
-
-@pytest.mark.skipif(django.VERSION < (6, 0), reason="ContentSecurityPolicyMiddleware is new in Django 6.0")
-async def test_the_shortcut_stays_on_with_djangos_csp_middleware_and_sends_its_headers() -> None:
-    from django.core.asgi import get_asgi_application
-    from django.utils.csp import CSP
-
-    from pgstreams.durable.asgi import DurableStreamsFirst
-
-    s = await pgstreams.acreate_stream(path="shortcut/csp")
-    await pgstreams.aclose(s.id)
-    policy = {"default-src": [CSP.SELF], "script-src": [CSP.SELF, CSP.NONCE]}
-    with override_settings(
-        MIDDLEWARE=[*settings.MIDDLEWARE, "django.middleware.csp.ContentSecurityPolicyMiddleware"],
-        SECURE_CSP=policy,
-        SECURE_CSP_REPORT_ONLY={"img-src": [CSP.SELF]},
-    ):
-        django_app = get_asgi_application()
-        first = DurableStreamsFirst(django_app)
-        answers = {}
-        for name, app in (("shortcut", first), ("django", django_app)):
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
-                answers[name] = [
-                    await client.get(url("shortcut/csp")),
-                    await client.get(f"/pgstreams/streams/{s.id}/events"),
-                ]
-        assert first._handler is not None and first._handler.takes_over
-    for header in ("Content-Security-Policy", "Content-Security-Policy-Report-Only"):
-        through_django = [a.headers[header] for a in answers["django"]]
-        assert [a.headers.get(header) for a in answers["shortcut"]] == through_django
-    # The middleware's own policy where the view set none (the endpoint's reads set theirs).
-    assert answers["django"][1].headers["Content-Security-Policy"] == "default-src 'self'; script-src 'self'"
-    assert answers["django"][1].headers["Content-Security-Policy-Report-Only"] == "img-src 'self'"
-
-
 class HeaderToken:
     """A project's own authentication: ``X-Token: <username>`` signs that user in."""
 
@@ -674,12 +594,3 @@ async def test_the_shortcut_hands_the_endpoint_to_django_when_it_cannot_stand_in
         async with shortcut() as client:
             assert (await client.get(url("shortcut/token"))).status_code == 403
             assert (await client.get(url("shortcut/token"), headers={"X-Token": "token-owner"})).status_code == 200
-
-
-async def test_the_shortcut_serves_a_project_without_sessions_or_users() -> None:
-    await pgstreams.acreate_stream(path="shortcut/bare")
-    without = [app for app in settings.INSTALLED_APPS if app != "django.contrib.sessions"]
-    with override_settings(INSTALLED_APPS=without, MIDDLEWARE=["django.middleware.security.SecurityMiddleware"]):
-        async with shortcut() as client:
-            answer = await client.get(url("shortcut/bare"))
-    assert answer.status_code == 200

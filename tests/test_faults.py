@@ -672,3 +672,65 @@ def test_http_creates_through_appender_kills_are_each_made_once_and_every_201_is
     assert all(status == 201 for path, status in answers if path not in retried)
     made = set(Stream.objects.filter(path__startswith="faults-creates/").values_list("path", flat=True))
     assert made == {f"faults-creates/{path}" for path, _ in answers}
+
+
+def test_a_signed_in_reader_and_writer_through_the_shortcut_recover_by_themselves_after_a_restart(
+    open_durable_server: str,
+) -> None:
+    """A signed-in user's SSE read and Durable Streams write, through ``DurableStreamsFirst`` in a
+    daphne process, while PostgreSQL stops and starts: both are answered again within
+    QUERY_TIMEOUT of the start, and every request after that is. Before the fix the shortcut sent
+    no request signals, so the dead connection its session lookups used was never closed: 500 on
+    every signed-in request until the process restarted."""
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    from pgstreams import conf
+
+    server = ServerControl(connection.settings_dict)
+    if server.why_not:
+        pytest.skip(server.why_not)
+    owner = get_user_model().objects.create_user("faults-restart")
+    s = pgstreams.create_stream(owner=owner)
+    pgstreams.write(s.id, "kept")
+    pgstreams.close(s.id)
+    client = Client()
+    client.force_login(owner)
+    cookie = f"sessionid={client.cookies['sessionid'].value}; csrftoken={'a' * 32}"
+    base = f"http://{open_durable_server}/pgstreams"
+    made = 0
+
+    def read() -> int:
+        answer = httpx.get(f"{base}/streams/{s.id}/events", headers={"Cookie": cookie}, timeout=30)
+        return answer.status_code if answer.status_code != 200 or '"data":"kept"' in answer.text else 0
+
+    def write() -> int:
+        nonlocal made
+        made += 1
+        headers = {"Cookie": cookie, "X-CSRFToken": "a" * 32, "Content-Type": "text/plain"}
+        return httpx.put(f"{base}/v1/stream/faults-restart/{made}", headers=headers, timeout=30).status_code
+
+    assert (read(), write()) == (200, 201)
+    server.stop()
+    server.start()
+    up_at = time.monotonic()
+    _forget_dead_connections()
+    failed: dict[str, list[int]] = {"read": [], "write": []}
+    recovered: dict[str, float] = {}
+    while len(recovered) < 2 and time.monotonic() < up_at + conf.query_timeout() + 10:  # bounded
+        for name, send, ok in (("read", read, 200), ("write", write, 201)):
+            if name not in recovered:
+                status = send()
+                if status == ok:
+                    recovered[name] = time.monotonic() - up_at
+                else:
+                    failed[name].append(status)
+        time.sleep(0.05)
+    print(
+        f"after the restart: the signed-in read answered again {recovered.get('read', -1):.2f} s after the start "
+        f"({len(failed['read'])} answers {sorted(set(failed['read']))} before), the write "
+        f"{recovered.get('write', -1):.2f} s ({len(failed['write'])} answers {sorted(set(failed['write']))} before); "
+        f"QUERY_TIMEOUT {conf.query_timeout()} s (-1: not answered again)"
+    )
+    assert set(recovered) == {"read", "write"} and max(recovered.values()) <= conf.query_timeout()
+    assert [read() for _ in range(5)] == [200] * 5 and [write() for _ in range(5)] == [201] * 5

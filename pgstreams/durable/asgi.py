@@ -3,76 +3,95 @@ application: ``DurableStreamsFirst(django_application)`` answers the requests un
 endpoint's URL (where ``pgstreams.urls`` mounts ``v1/stream/<path>``) and those of
 ``streams/<uuid>/events`` itself, and hands every other request to Django.
 
-Django runs each request through the project's middleware, and under ASGI every middleware method
-that is not async hops to a thread and back: about twenty hops a request with Django's default
-stack, which measured 110 trivial requests/s per process on a 2-CPU machine. Those hops run on a
-thread of the request's own, kept until its response ends: an OS thread for each open SSE
-response, 2,000 threads for 2,000 idle subscribers. The shortcut does, on
-the event loop, what the middleware it knows would do for the endpoint (``APPLIED``), and always
-checks the host against ``ALLOWED_HOSTS``. When ``MIDDLEWARE`` holds any other middleware (a token
-authentication, a remote user, a project's own), it does not guess: the endpoint's requests go
-through Django, middleware and all, only slower, and it says so once in the log. No protection of
-the project's is skipped.
+Under ASGI, Django runs each middleware method that is not async on a thread and back: about
+twenty hops a request with Django's default stack, which measured 110 trivial requests/s per
+process on a 2-CPU machine, and those hops run on a thread of the request's own, kept until its
+response ends: 2,000 threads for 2,000 open SSE responses. The shortcut is Django's own ASGI
+handler (the body, the request signals, the URL resolver, exceptions, disconnects, the response
+and its close) with one difference: it calls the hooks of the middleware it knows (``KNOWN``) on
+the event loop, and hops to ``sync_to_async``'s one thread only for a hook that may query the
+database (``_QUERIES``: a session's save, a user's load). So it answers as Django does, proven by
+sending the same requests both ways (``tests/test_shortcut.py``).
+
+Not here: middleware it does not know. When ``MIDDLEWARE`` holds one (a token authentication, a
+remote user, a project's own), it does not guess: the endpoint's requests go through Django,
+middleware and all, only slower, and it says so once in the log.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Callable
-from functools import partial
-from importlib import import_module
 from typing import Any, Final
 from uuid import UUID
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.contrib.auth import aget_user, get_user
-from django.core.exceptions import RequestAborted
-from django.core.handlers.asgi import ASGIHandler, ASGIRequest, get_script_prefix
-from django.core.handlers.exception import response_for_exception
-from django.http import HttpResponseBase
-from django.urls import get_script_prefix as current_script_prefix
-from django.urls import reverse, set_script_prefix
+from django.core.handlers.asgi import ASGIHandler
+from django.core.handlers.exception import convert_exception_to_response
+from django.http import HttpRequest, HttpResponseBase
+from django.urls import get_script_prefix, reverse
 from django.urls.converters import UUIDConverter
-from django.utils.functional import SimpleLazyObject
 from django.utils.module_loading import import_string
 
-from .. import views as pgstreams_views
 from . import views
-
-View = Callable[..., Awaitable[HttpResponseBase]]
 
 logger = logging.getLogger("pgstreams.durable")
 
 ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
+Respond = Callable[[HttpRequest], Awaitable[HttpResponseBase]]
 
 SECURITY = "django.middleware.security.SecurityMiddleware"
 COMMON = "django.middleware.common.CommonMiddleware"
 SESSIONS = "django.contrib.sessions.middleware.SessionMiddleware"
+CSRF = "django.middleware.csrf.CsrfViewMiddleware"
 AUTHENTICATION = "django.contrib.auth.middleware.AuthenticationMiddleware"
-LOGIN_REQUIRED = "django.contrib.auth.middleware.LoginRequiredMiddleware"
+LOGIN_REQUIRED = "django.contrib.auth.middleware.LoginRequiredMiddleware"  # Django 5.1 and later
+MESSAGES = "django.contrib.messages.middleware.MessageMiddleware"
 X_FRAME = "django.middleware.clickjacking.XFrameOptionsMiddleware"
 CSP = "django.middleware.csp.ContentSecurityPolicyMiddleware"  # Django 6.0 and later
-# The middleware the shortcut stands in for, and what it does of each.
-APPLIED: Final = {
-    SECURITY: "its redirect to HTTPS and its headers (HSTS and the others)",
-    COMMON: "its refusal of DISALLOWED_USER_AGENTS and its PREPEND_WWW redirect",
-    SESSIONS: "the session",
-    AUTHENTICATION: "the user",
-    LOGIN_REQUIRED: "its redirect of anonymous users to LOGIN_URL",
-    X_FRAME: "its X-Frame-Options header",
-    CSP: "its Content-Security-Policy headers (SECURE_CSP, SECURE_CSP_REPORT_ONLY)",
-    "django.middleware.csrf.CsrfViewMiddleware": "nothing: the view applies the CSRF check itself",
-    "django.contrib.messages.middleware.MessageMiddleware": "nothing: the endpoint has no messages",
+# The middleware whose hooks the shortcut calls itself: Django's own, whose hooks reach the
+# database only through the request's session and user, as ``_QUERIES`` lists.
+KNOWN: Final = frozenset({SECURITY, COMMON, SESSIONS, CSRF, AUTHENTICATION, LOGIN_REQUIRED, MESSAGES, X_FRAME, CSP})
+
+
+def _session_saved(request: Any) -> bool:
+    """SessionMiddleware's response saves a modified session (or every one)."""
+    return getattr(getattr(request, "session", None), "modified", False) or settings.SESSION_SAVE_EVERY_REQUEST
+
+
+def _messages_stored(request: Any) -> bool:
+    """MessageMiddleware's response stores messages used or added (in the session, maybe)."""
+    storage = getattr(request, "_messages", None)
+    return storage is not None and (storage.used or storage.added_new)
+
+
+def _csrf_in_session(request: Any) -> bool:
+    """CsrfViewMiddleware reads and writes its secret in the session."""
+    return settings.CSRF_USE_SESSIONS
+
+
+def _always(request: Any) -> bool:
+    return True
+
+
+# (middleware, hook): whether the hook, called now, may query the database. Such a call hops to
+# sync_to_async's thread, whose connections the request signals close as on any request's thread.
+_QUERIES: Final[dict[tuple[str, str], Callable[[Any], bool]]] = {
+    (SESSIONS, "process_response"): _session_saved,
+    (CSRF, "process_request"): _csrf_in_session,
+    (CSRF, "process_view"): _csrf_in_session,
+    (CSRF, "process_response"): _csrf_in_session,
+    (LOGIN_REQUIRED, "process_view"): _always,  # request.user
+    (MESSAGES, "process_response"): _messages_stored,
 }
 
 
 class DurableStreamsFirst:
-    """An ASGI application: the Durable Streams endpoint's requests and the SSE view's to their
-    views directly, the others to ``app`` (and those too, when ``MIDDLEWARE`` holds middleware the
-    shortcut does not stand in for)."""
+    """An ASGI application: the Durable Streams endpoint's requests and the SSE view's GET
+    requests to the shortcut, the others to ``app`` (and those too, when ``MIDDLEWARE`` holds middleware
+    the shortcut does not know)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -83,125 +102,85 @@ class DurableStreamsFirst:
             if self._handler is None:
                 self._handler = _Handler()
             path = scope["path"].removeprefix(scope.get("root_path", ""))
-            if self._handler.takes_over and self._handler.route(path, scope["method"]) is not None:
-                await self._handler(scope, receive, send)
+            if self._handler.takes_over and self._handler.routes(path, scope["method"]):
+                await self._handler.handle(scope, receive, send)  # without ASGIHandler's thread per request
                 return
         await self.app(scope, receive, send)
 
 
-def _never(request: Any) -> None:
+def _never(request: HttpRequest) -> HttpResponseBase:
     raise AssertionError("the shortcut calls its middleware's hooks, never their get_response")
 
 
 class _Handler(ASGIHandler):
-    """Django's ASGI handler's parts (the body, disconnects, responses) around the two views and
-    the middleware it stands in for: no middleware chain, no request signals (their receivers
-    close the request thread's database connections, and the views use none), and no thread of
-    its own per request."""
+    """Django's ASGI handler whose middleware chain calls the hooks of ``KNOWN`` middleware, in
+    Django's order and with its conversion of exceptions at each layer, on the event loop where
+    ``_QUERIES`` allows."""
 
-    def __init__(self) -> None:  # no middleware chain to load
-        self.root = views.endpoint_root()
-        # streams/<uuid>/events wherever the project mounts it, read from the URL it reverses to.
-        before, after = reverse("pgstreams:events", kwargs={"stream_id": UUID(int=0)}).split(str(UUID(int=0)))
-        self.events = re.compile(f"{re.escape(before)}({UUIDConverter.regex}){re.escape(after)}")
-        others = [name for name in settings.MIDDLEWARE if name not in APPLIED]
-        self.takes_over = not others
-        if others:
+    def __init__(self) -> None:  # instead of ASGIHandler's, which loads the middleware for async hops
+        # The two views' URLs wherever the project mounts them, as reversed without the script
+        # prefix in force (if this runs in a request's context), which routes() never sees.
+        prefix = get_script_prefix()
+        self.root = "/" + views.endpoint_root().removeprefix(prefix)
+        events = "/" + reverse("pgstreams:events", kwargs={"stream_id": UUID(int=0)}).removeprefix(prefix)
+        before, after = events.split(str(UUID(int=0)))
+        self.events = re.compile(f"{re.escape(before)}{UUIDConverter.regex}{re.escape(after)}")
+        unknown = [name for name in settings.MIDDLEWARE if name not in KNOWN]
+        self.takes_over = not unknown
+        if unknown:
             logger.warning(
                 "pgstreams: DurableStreamsFirst hands the Durable Streams endpoint's requests to Django: "
-                "MIDDLEWARE holds %s, which it does not stand in for",
-                ", ".join(others),
+                "MIDDLEWARE holds %s, which it does not know",
+                ", ".join(unknown),
             )
-        present = set(settings.MIDDLEWARE)
-        self.sessions = SESSIONS in present
-        self.authentication = AUTHENTICATION in present
-        # CommonMiddleware asks the request's host first thing (DisallowedHost): once is enough.
-        self.checks_host = COMMON not in present
-        # The hooks of the middleware it runs itself, in MIDDLEWARE's order; none does any I/O.
-        hooks = {
-            name: import_string(name)(_never) for name in present & {SECURITY, COMMON, LOGIN_REQUIRED, X_FRAME, CSP}
-        }
-        ordered = [hooks[name] for name in settings.MIDDLEWARE if name in hooks]
-        self.on_request = [m.process_request for m in ordered if hasattr(m, "process_request")]
-        self.on_view = [m.process_view for m in ordered if hasattr(m, "process_view")]
-        self.on_response = [m.process_response for m in reversed(ordered) if hasattr(m, "process_response")]
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        try:
-            body_file = await self.read_body(receive)
-        except RequestAborted:
             return
-        prefix = get_script_prefix(scope)
-        if (prefix if prefix.endswith("/") else f"{prefix}/") != current_script_prefix():  # cheaper than setting it
-            set_script_prefix(prefix)
-        request = ASGIRequest(scope, body_file)
-        if request.method != "GET":
-            # A write or a HEAD answers as soon as it is done; cancelled when its client went
-            # away, it would be done all the same (an append handed to the appender commits), so
-            # it has no listener for the disconnect: two tasks less, a tenth of a request's CPU.
-            try:
-                await self._respond(request, send)
-            finally:
-                body_file.close()
-            return
-        # As Django does: a client that goes away cancels the response (an SSE one, above all).
-        tasks = [
-            asyncio.create_task(self.listen_for_disconnect(receive)),
-            asyncio.create_task(self._respond(request, send)),
-        ]
-        try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            body_file.close()
+        self._view_middleware: list[Callable[..., Awaitable[HttpResponseBase | None]]] = []
+        self._template_response_middleware: list[Callable[..., Awaitable[HttpResponseBase]]] = []
+        self._exception_middleware: list[Callable[..., HttpResponseBase | None]] = []
+        chain: Respond = convert_exception_to_response(self._get_response_async)
+        for name in reversed(settings.MIDDLEWARE):  # as BaseHandler.load_middleware builds it
+            middleware = import_string(name)(_never)
+            if hasattr(middleware, "process_view"):
+                self._view_middleware.insert(0, _hook(name, middleware.process_view))
+            if hasattr(middleware, "process_template_response"):
+                self._template_response_middleware.append(_hook(name, middleware.process_template_response))
+            if hasattr(middleware, "process_exception"):
+                self._exception_middleware.append(middleware.process_exception)  # called on a thread, as by Django
+            chain = convert_exception_to_response(_layer(name, middleware, chain))
+        self._middleware_chain = chain
 
-    async def _respond(self, request: ASGIRequest, send: Any) -> None:
-        try:
-            response = await self._get_response(request)
-        except Exception as exc:
-            response = await sync_to_async(response_for_exception, thread_sensitive=False)(request, exc)
-        await self.send_response(response, send)
+    def routes(self, path: str, method: str) -> bool:
+        """Whether the URL path ``path`` is one of the two views' (the SSE view's for a GET, the
+        one method a reader sends it)."""
+        return path.startswith(self.root) or (method == "GET" and self.events.fullmatch(path) is not None)
 
-    def route(self, path: str, method: str) -> tuple[View, dict[str, Any]] | None:
-        """The view of the URL path ``path`` and its arguments, if it is one of the two (the SSE
-        view for a GET only: Django's CSRF check answers other methods there)."""
-        if path.startswith(self.root):
-            return views.stream, {"path": path.removeprefix(self.root)}
-        if method == "GET" and (events := self.events.fullmatch(path)) is not None:
-            return pgstreams_views.events, {"stream_id": UUID(events[1])}
-        return None
 
-    async def _get_response(self, request: ASGIRequest) -> HttpResponseBase:
-        """What the middleware and the view would answer, in Django's order."""
-        if self.checks_host:
-            request.get_host()  # DisallowedHost (400) unless ALLOWED_HOSTS has it, as Django checks
-        self._authenticate(request)
-        route = self.route(request.path_info, request.method or "")
-        assert route is not None  # __call__ routed the request here by the same path
-        view, kwargs = route
+def _hook(name: str, method: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+    """``method`` (a middleware's hook) as an async callable: called on the event loop, or on
+    sync_to_async's thread when ``_QUERIES`` says it may query now."""
+    queries = _QUERIES.get((name, method.__name__))
+    hop = sync_to_async(method, thread_sensitive=True)
+
+    async def call(request: HttpRequest, *args: Any) -> Any:
+        if queries is not None and queries(request):
+            return await hop(request, *args)
+        return method(request, *args)
+
+    return call
+
+
+def _layer(name: str, middleware: Any, inner: Respond) -> Respond:
+    """One middleware's layer of the chain, as ``MiddlewareMixin`` runs it around ``inner``."""
+    process_request = _hook(name, middleware.process_request) if hasattr(middleware, "process_request") else None
+    process_response = _hook(name, middleware.process_response) if hasattr(middleware, "process_response") else None
+
+    async def layer(request: HttpRequest) -> HttpResponseBase:
         response = None
-        for on_request in self.on_request:
-            if (response := on_request(request)) is not None:
-                break
-        else:
-            if self.on_view and self.authentication:
-                request.user = await request.auser()  # loaded now: the hooks below must not query
-            for on_view in self.on_view:
-                if (response := on_view(request, view, (), kwargs)) is not None:
-                    break
-            else:
-                response = await view(request, **kwargs)
-        for on_response in self.on_response:
-            response = on_response(request, response)
+        if process_request is not None:
+            response = await process_request(request)
+        response = response or await inner(request)
+        if process_response is not None:
+            response = await process_response(request, response)
         return response
 
-    def _authenticate(self, request: Any) -> None:
-        """What SessionMiddleware and AuthenticationMiddleware give a request, loaded when used."""
-        if self.sessions:
-            engine = import_module(settings.SESSION_ENGINE)
-            request.session = engine.SessionStore(request.COOKIES.get(settings.SESSION_COOKIE_NAME))
-        if self.authentication:
-            request.user = SimpleLazyObject(lambda: get_user(request))
-            request.auser = partial(aget_user, request)
+    return layer
