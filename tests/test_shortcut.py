@@ -15,7 +15,6 @@ import dataclasses
 import difflib
 import re
 import uuid
-from collections.abc import Iterator
 from http.cookies import SimpleCookie
 from typing import Any
 
@@ -120,6 +119,29 @@ class Project:
             raise AssertionError(f"{method} {path} {headers or {}} answers differently:\n{difference}")
         return answers["shortcut"]
 
+    async def every_verb(
+        self, prefix: str, csrf: dict[str, str] | None = None, extra: dict[str, str] | None = None
+    ) -> None:
+        """Each Durable Streams verb, both ways, on streams of each side's own under ``prefix``,
+        with ``csrf`` on the writes and ``extra`` on every request. No live read: a stream the
+        rule or CSRF left open would hold it a minute."""
+        own = f"{self.sides['shortcut'].root_path}{ENDPOINT}{prefix}/{{side}}"
+        write = {**TEXT, **(csrf or {})}
+        for method, path, headers, body in [
+            ("PUT", f"{own}/a", write, ""),
+            ("PUT", f"{own}/a", write, ""),  # again: the same stream exists
+            ("POST", f"{own}/a", write, "one"),
+            ("GET", f"{own}/a?offset=-1", {}, ""),
+            ("HEAD", f"{own}/a", {}, ""),
+            ("OPTIONS", f"{own}/a", {"Origin": "http://127.0.0.1", "Access-Control-Request-Method": "POST"}, ""),
+            ("PUT", f"{own}/fork", {**write, "Stream-Forked-From": f"{own}/a"}, ""),
+            ("POST", f"{own}/a", {**write, "Stream-Closed": "true"}, "two"),
+            ("GET", f"{own}/a?offset=-1", {}, ""),
+            ("DELETE", f"{own}/fork", csrf or {}, ""),
+            ("GET", f"{own}/missing?offset=-1", {}, ""),
+        ]:
+            await self.agree(method, path, {**headers, **(extra or {})}, body)
+
 
 def shape(answer: httpx.Response, token: str, own_stream: bool) -> tuple[int, list[tuple[str, str]], str]:
     """An answer as the comparison sees it: its side's name as ``<side>``, and where a value is
@@ -148,24 +170,6 @@ def cookie_shape(header: str) -> str:
     ((name, morsel),) = SimpleCookie(header).items()
     attributes = sorted((key, "<date>" if key == "expires" else value) for key, value in morsel.items() if value)
     return f"{name}={'<value>' if morsel.value else ''}; {attributes}"
-
-
-def every_verb(prefix: str, csrf: dict[str, str] | None = None) -> Iterator[tuple[str, str, dict[str, str], str]]:
-    """Each Durable Streams verb on streams of each side's own under ``prefix``, as (method, path,
-    headers, body). No live read: a stream the rule or CSRF left open would hold it a minute."""
-    own = f"{ENDPOINT}{prefix}/{{side}}"
-    write = {**TEXT, **(csrf or {})}
-    yield "PUT", f"{own}/a", write, ""
-    yield "PUT", f"{own}/a", write, ""  # again: the same stream exists
-    yield "POST", f"{own}/a", write, "one"
-    yield "GET", f"{own}/a?offset=-1", {}, ""
-    yield "HEAD", f"{own}/a", {}, ""
-    yield "OPTIONS", f"{own}/a", {"Origin": "http://127.0.0.1", "Access-Control-Request-Method": "POST"}, ""
-    yield "PUT", f"{own}/fork", {**write, "Stream-Forked-From": f"{own}/a"}, ""
-    yield "POST", f"{own}/a", {**write, "Stream-Closed": "true"}, "two"
-    yield "GET", f"{own}/a?offset=-1", {}, ""
-    yield "DELETE", f"{own}/fork", csrf or {}, ""
-    yield "GET", f"{own}/missing?offset=-1", {}, ""
 
 
 async def shared_streams(owner: Any = None) -> tuple[str, str]:
@@ -218,14 +222,12 @@ async def test_anonymous_requests_of_every_kind_answer_alike() -> None:
     for k, name in enumerate(rules):  # the last one starts a session
         with override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": name}):
             project = Project()
-            for method, path, headers, body in every_verb(f"anonymous/{k}"):
-                await project.agree(method, path, headers, body)
+            await project.every_verb(f"anonymous/{k}")
             await reads(project, durable, events)
     csrf = await csrf_token(project)
     with override_settings(PGSTREAMS=rule("counting")):
         project = Project(cookies_of=project)
-        for method, path, headers, body in every_verb("anonymous/counting/token", csrf):
-            await project.agree(method, path, headers, body)
+        await project.every_verb("anonymous/counting/token", csrf)
 
 
 async def test_signed_in_requests_answer_alike_with_csrf_missing_and_present() -> None:
@@ -234,11 +236,9 @@ async def test_signed_in_requests_answer_alike_with_csrf_missing_and_present() -
     with override_settings(PGSTREAMS=rule("signed_in")):
         project = Project()
         await sign_in(project, someone)
-        for method, path, headers, body in every_verb("signed-in/no-token"):
-            await project.agree(method, path, headers, body)  # writes: 403, CSRF
+        await project.every_verb("signed-in/no-token")  # writes: 403, CSRF
         csrf = await csrf_token(project)
-        for method, path, headers, body in every_verb("signed-in/token", csrf):
-            await project.agree(method, path, headers, body)
+        await project.every_verb("signed-in/token", csrf)
         await reads(project, durable, events)
         read = await project.agree("GET", f"{durable}?offset=-1")
         assert read.status_code == 200 and "Cookie" in read.headers["Vary"]
@@ -265,8 +265,7 @@ async def test_a_session_cycled_after_a_key_rotation_keeps_its_user_signed_in_bo
         assert again.status_code == 200 and "Set-Cookie" not in again.headers
         await reads(project, durable, events)
         csrf = await csrf_token(project)
-        for method, path, headers, body in every_verb("rotated", csrf):
-            await project.agree(method, path, headers, body)
+        await project.every_verb("rotated", csrf)
     for side in project.sides.values():  # the other way round: a new session, then the SSE view first
         side.cookies.pop(settings.SESSION_COOKIE_NAME)
     await sign_in(project, someone)
@@ -287,8 +286,7 @@ async def test_an_expired_session_answers_alike() -> None:
         await Session.objects.filter(session_key__in=keys).aupdate(expire_date=past)
         csrf = await csrf_token(project)
         await reads(project, durable, events)
-        for method, path, headers, body in every_verb("expired", csrf):
-            await project.agree(method, path, headers, body)
+        await project.every_verb("expired", csrf)
 
 
 async def test_a_session_the_rule_modifies_is_saved_and_sent_alike() -> None:
@@ -297,8 +295,7 @@ async def test_a_session_the_rule_modifies_is_saved_and_sent_alike() -> None:
         project = Project()
         await sign_in(project, someone)
         csrf = await csrf_token(project)
-        for method, path, headers, body in every_verb("counted", csrf):
-            await project.agree(method, path, headers, body)
+        await project.every_verb("counted", csrf)
     keys = [side.cookies[settings.SESSION_COOKIE_NAME] for side in project.sides.values()]
     counts = [(await Session.objects.aget(session_key=key)).get_decoded()["pgstreams_asked"] for key in keys]
     assert counts[0] == counts[1] > 0
@@ -311,8 +308,7 @@ async def test_a_foreign_host_and_the_https_redirect_answer_alike() -> None:
     for middleware in (settings.MIDDLEWARE, minimal):  # without CommonMiddleware, only what asks the host
         with override_settings(PGSTREAMS=rule("counting"), MIDDLEWARE=middleware):
             project = Project()
-            for method, path, headers, body in every_verb(f"foreign/{len(middleware)}"):
-                await project.agree(method, path, {**headers, **foreign}, body)
+            await project.every_verb(f"foreign/{len(middleware)}", extra=foreign)
             for path in (f"{durable}?offset=-1", events):
                 await project.agree("GET", path, foreign)
     for scheme in ("http", "https"):
@@ -328,10 +324,7 @@ async def test_a_project_under_a_script_prefix_answers_alike() -> None:
         project = Project(root_path="/app")
         await reads(project, f"/app{durable}", f"/app{events}")
         csrf = await csrf_token(project)
-        for method, path, headers, body in every_verb("prefixed", csrf):
-            if "Stream-Forked-From" in headers:
-                headers = {**headers, "Stream-Forked-From": "/app" + headers["Stream-Forked-From"]}
-            await project.agree(method, f"/app{path}", headers, body)
+        await project.every_verb("prefixed", csrf)  # a fork names its source with the prefix
 
 
 async def test_login_required_middleware_answers_alike() -> None:
@@ -346,8 +339,7 @@ async def test_login_required_middleware_answers_alike() -> None:
         await sign_in(project, someone)
         await reads(project, durable, events)
         csrf = await csrf_token(project)
-        for method, path, headers, body in every_verb("required", csrf):
-            await project.agree(method, path, headers, body)
+        await project.every_verb("required", csrf)
 
 
 async def test_a_project_without_sessions_answers_alike() -> None:
@@ -373,8 +365,7 @@ async def test_djangos_csp_middleware_answers_alike() -> None:
     ):
         project = Project()
         await reads(project, durable, events)
-        for method, path, headers, body in every_verb("csp"):
-            await project.agree(method, path, headers, body)
+        await project.every_verb("csp")
 
 
 def cut_connections() -> int:
