@@ -6,9 +6,9 @@ endpoint's URL (where ``pgstreams.urls`` mounts ``v1/stream/<path>``) and those 
 Under ASGI, Django runs each middleware method that is not async on a thread and back: about
 twenty hops a request with Django's default stack, which measured 110 trivial requests/s per
 process on a 2-CPU machine, and those hops run on a thread of the request's own, kept until its
-response ends: 2,000 threads for 2,000 open SSE responses. The shortcut is Django's own ASGI
-handler (the body, the request signals, the URL resolver, exceptions, disconnects, the response
-and its close) with two differences. It calls the hooks of the middleware it knows (``KNOWN``)
+response ends: 2,000 threads for 2,000 open SSE responses. The shortcut is Django's ASGI
+handler (its body, request, request signals, URL resolver, exceptions, disconnects, response and
+close, in the order of its ``handle()``) with two differences. It calls the hooks of the middleware it knows (``KNOWN``)
 on the event loop, and hops to ``sync_to_async``'s one thread only for a hook that may query the
 database (``_QUERIES``: a session's save, a user's load). And it queues the request signals'
 receivers and the response's close on that thread instead of waiting for them there: the thread
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import re
 from collections.abc import Awaitable, Callable
@@ -99,8 +100,8 @@ _QUERIES: Final[dict[tuple[str, str], Callable[[Any], bool]]] = {
 
 class DurableStreamsFirst:
     """An ASGI application: the Durable Streams endpoint's requests and the SSE view's GET
-    requests to the shortcut, the others to ``app`` (and those too, when ``MIDDLEWARE`` holds middleware
-    the shortcut does not know)."""
+    requests to the shortcut, the others to ``app`` (and those too, when ``MIDDLEWARE`` holds
+    middleware the shortcut does not know)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -128,7 +129,8 @@ async def _queue(call: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
     if SyncToAsync.thread_sensitive_context.get(None) is not None:
         await sync_to_async(call)(*args, **kwargs)
         return
-    SyncToAsync.single_thread_executor.submit(call, *args, **kwargs).add_done_callback(_log_failure)
+    context = contextvars.copy_context()  # as sync_to_async gives its call the caller's
+    SyncToAsync.single_thread_executor.submit(context.run, call, *args, **kwargs).add_done_callback(_log_failure)
 
 
 def _log_failure(done: Future[Any]) -> None:
