@@ -56,6 +56,12 @@ def counting(request: Any, action: str, path: str, stream: Any) -> bool:
     return True
 
 
+def messaging(request: Any, action: str, path: str, stream: Any) -> bool:
+    """A rule that adds a message, and touches the session no other way, then allows."""
+    messages.info(request, f"asked to {action} {path}")
+    return True
+
+
 def rule(name: str) -> dict[str, Any]:
     return {"DURABLE_AUTHORIZE": f"tests.test_shortcut.{name}"}
 
@@ -299,6 +305,31 @@ async def test_a_session_the_rule_modifies_is_saved_and_sent_alike() -> None:
     keys = [side.cookies[settings.SESSION_COOKIE_NAME] for side in project.sides.values()]
     counts = [(await Session.objects.aget(session_key=key)).get_decoded()["pgstreams_asked"] for key in keys]
     assert counts[0] == counts[1] > 0
+
+
+@pytest.mark.parametrize(
+    ("changed", "asks"),
+    [
+        ({"CSRF_USE_SESSIONS": True}, "counting"),
+        ({"SESSION_SAVE_EVERY_REQUEST": True}, "counting"),
+        ({"MESSAGE_STORAGE": "django.contrib.messages.storage.session.SessionStorage"}, "messaging"),
+        ({"SESSION_ENGINE": "django.contrib.sessions.backends.cached_db"}, "counting"),
+        ({"SESSION_ENGINE": "django.contrib.sessions.backends.signed_cookies"}, "counting"),
+    ],
+    ids=lambda value: ",".join(value) if isinstance(value, dict) else value,
+)
+async def test_sessions_kept_otherwise_answer_alike(changed: dict[str, Any], asks: str) -> None:
+    """Where the middleware's other hooks reach the session (and so the database): the CSRF
+    secret in it, a save on every request, messages stored in it (by a rule that touches the
+    session no other way), other session engines."""
+    someone = await sync_to_async(user)(re.sub(r"[^\w.@+-]+", "-", f"kept {changed}")[:150])
+    durable, events = await shared_streams(owner=someone)
+    with override_settings(PGSTREAMS=rule(asks), **changed):
+        project = Project()
+        await sign_in(project, someone)
+        csrf = await csrf_token(project)
+        await reads(project, durable, events)
+        await project.every_verb(f"kept/{next(iter(changed.values()))}", csrf)
 
 
 async def test_a_foreign_host_and_the_https_redirect_answer_alike() -> None:

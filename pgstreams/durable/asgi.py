@@ -6,15 +6,14 @@ endpoint's URL (where ``pgstreams.urls`` mounts ``v1/stream/<path>``) and those 
 Under ASGI, Django runs each middleware method that is not async on a thread and back: about
 twenty hops a request with Django's default stack, which measured 110 trivial requests/s per
 process on a 2-CPU machine, and those hops run on a thread of the request's own, kept until its
-response ends: 2,000 threads for 2,000 open SSE responses. The shortcut is Django's ASGI
-handler (its body, request, request signals, URL resolver, exceptions, disconnects, response and
-close, in the order of its ``handle()``) with two differences. It calls the hooks of the middleware it knows (``KNOWN``)
-on the event loop, and hops to ``sync_to_async``'s one thread only for a hook that may query the
-database (``_QUERIES``: a session's save, a user's load). And it queues the request signals'
-receivers and the response's close on that thread instead of waiting for them there: the thread
-runs its work in order, so they still come before and after the request's own work on it (where
-its connections are), and the request saves two waits for a thread, a third of its CPU. So it
-answers as Django does, proven by sending the same requests both ways (``tests/test_shortcut.py``).
+response ends: 2,000 threads for 2,000 open SSE responses. The shortcut is Django's own ASGI
+handler (its ``handle()``: the body, the request signals, the URL resolver, exceptions,
+disconnects, the response and its close, as each Django version has them) with one difference:
+it calls the hooks of the middleware it knows (``KNOWN``) on the event loop, and hops to
+``sync_to_async``'s one thread (where the request signals' receivers then run, as on a request's
+own thread) only for a hook that may query the database (``_QUERIES``: a session's save, a
+user's load). So it answers as Django does, proven by sending the same requests both ways
+(``tests/test_shortcut.py``).
 
 Not here: middleware it does not know. When ``MIDDLEWARE`` holds one (a token authentication, a
 remote user, a project's own), it does not guess: the endpoint's requests go through Django,
@@ -23,25 +22,18 @@ middleware and all, only slower, and it says so once in the log.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import contextvars
 import logging
 import re
 from collections.abc import Awaitable, Callable
-from concurrent.futures import Future
 from typing import Any, Final
 from uuid import UUID
 
-from asgiref.sync import SyncToAsync, sync_to_async
+from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.core import signals
-from django.core.exceptions import RequestAborted
-from django.core.handlers.asgi import ASGIHandler, get_script_prefix
+from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.exception import convert_exception_to_response
 from django.http import HttpRequest, HttpResponseBase
-from django.urls import get_script_prefix as current_script_prefix
-from django.urls import reverse, set_script_prefix
+from django.urls import get_script_prefix, reverse
 from django.urls.converters import UUIDConverter
 from django.utils.module_loading import import_string
 
@@ -122,31 +114,15 @@ def _never(request: HttpRequest) -> HttpResponseBase:
     raise AssertionError("the shortcut calls its middleware's hooks, never their get_response")
 
 
-async def _queue(call: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-    """Have sync_to_async's thread run ``call`` after what it was given before, without waiting for
-    it (an exception is logged); inside a ThreadSensitiveContext, whose thread the request's work
-    goes to, run it there and wait, as Django does."""
-    if SyncToAsync.thread_sensitive_context.get(None) is not None:
-        await sync_to_async(call)(*args, **kwargs)
-        return
-    context = contextvars.copy_context()  # as sync_to_async gives its call the caller's
-    SyncToAsync.single_thread_executor.submit(context.run, call, *args, **kwargs).add_done_callback(_log_failure)
-
-
-def _log_failure(done: Future[Any]) -> None:
-    if (exc := done.exception()) is not None:
-        logger.error("pgstreams: the shortcut's request signals or response close failed", exc_info=exc)
-
-
 class _Handler(ASGIHandler):
     """Django's ASGI handler whose middleware chain calls the hooks of ``KNOWN`` middleware, in
     Django's order and with its conversion of exceptions at each layer, on the event loop where
-    ``_QUERIES`` allows, and which queues its request signals and response closes."""
+    ``_QUERIES`` allows."""
 
     def __init__(self) -> None:  # instead of ASGIHandler's, which loads the middleware for async hops
         # The two views' URLs wherever the project mounts them, as reversed without the script
         # prefix in force (if this runs in a request's context), which routes() never sees.
-        prefix = current_script_prefix()
+        prefix = get_script_prefix()
         self.root = "/" + views.endpoint_root().removeprefix(prefix)
         events = "/" + reverse("pgstreams:events", kwargs={"stream_id": UUID(int=0)}).removeprefix(prefix)
         before, after = events.split(str(UUID(int=0)))
@@ -174,56 +150,6 @@ class _Handler(ASGIHandler):
                 self._exception_middleware.append(middleware.process_exception)  # called on a thread, as by Django
             chain = convert_exception_to_response(_layer(name, middleware, chain))
         self._middleware_chain = chain
-
-    async def handle(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        """``ASGIHandler.handle()``, with the request signals and the response's close queued on
-        sync_to_async's thread (``_queue``) where Django waits for them there."""
-        try:
-            body_file = await self.read_body(receive)
-        except RequestAborted:
-            return
-        set_script_prefix(get_script_prefix(scope))
-        await _queue(signals.request_started.send, sender=self.__class__, scope=scope)
-        request, error_response = self.create_request(scope, body_file)
-        if request is None:
-            body_file.close()
-            await self.send_response(error_response, send)
-            await _queue(error_response.close)
-            return
-
-        async def process_request(request: HttpRequest, send: Any) -> HttpResponseBase:
-            response = await self.run_get_response(request)
-            try:
-                await self.send_response(response, send)
-            except asyncio.CancelledError:
-                pass  # the client went away mid-response
-            return response
-
-        tasks = [
-            asyncio.create_task(self.listen_for_disconnect(receive)),
-            asyncio.create_task(process_request(request, send)),
-        ]
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        for task in tasks:
-            if task.done():
-                try:
-                    task.result()
-                except RequestAborted:
-                    pass
-                except AssertionError:
-                    body_file.close()
-                    raise
-            else:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        try:
-            response = tasks[1].result()
-        except asyncio.CancelledError:
-            await _queue(signals.request_finished.send, sender=self.__class__)
-        else:
-            await _queue(response.close)
-        body_file.close()
 
     def routes(self, path: str, method: str) -> bool:
         """Whether the URL path ``path`` is one of the two views' (the SSE view's for a GET, the
