@@ -1,9 +1,10 @@
 """The shortcut (``DurableStreamsFirst``) answers as Django's own handler does: the same requests
 sent both ways, to one project mounted both ways, answer with the same status, body and headers
 (``Date`` aside), over sessions and users (anonymous, signed in, after a key rotation, expired,
-modified by the rule), settings and middleware (a foreign host, the HTTPS redirect,
-LoginRequiredMiddleware, CSRF, Django 6's CSP), each Durable Streams verb and the SSE view, and
-the database's connections cut between two requests; then requests made up by hypothesis.
+modified by the rule, kept by other engines, holding the CSRF secret or the messages), settings
+and middleware (a foreign host, the HTTPS redirect, LoginRequiredMiddleware, CSRF, a script
+prefix, Django 6's CSP), each Durable Streams verb and the SSE view, and the database's
+connections cut between two requests; then requests made up by hypothesis.
 
 Each side writes to streams of its own (``{side}`` in a path) and has its own session, so that
 both meet the same state; what only names the side, or is random by design (a cookie's value, a
