@@ -47,6 +47,7 @@ from .exceptions import OutcomeUnknown, StreamError
 from .process import PerProcess
 from .stats import AppenderStats
 
+_random = random.Random()  # its own: the global state a project may seed is left alone
 logger = logging.getLogger("pgstreams.appender")
 
 # NOTIFY_MODE "per_write": the batch's notifications go out in its own transaction.
@@ -127,7 +128,7 @@ class Appender:
             # otherwise meet at its lock on every try.
             wait = last + conf.append_interval() - time.monotonic() if self._crowded else 0.0
             if self._deferred:
-                wait += random.uniform(0.0, max(conf.append_interval(), 0.005))
+                wait += _random.uniform(0.0, max(conf.append_interval(), 0.005))
                 if not self._queue:  # woken early by a new item, not held up by one that waits
                     self._wake.wait(max(wait, 0.0))
                     self._wake.clear()

@@ -28,6 +28,7 @@ from .process import PerProcess
 
 # Django's connection arguments that only make sense for Django's own cursors.
 _DJANGO_ONLY = ("cursor_factory", "context")
+_random = random.Random()  # its own: the global state a project may seed is left alone
 
 
 def connect_kwargs(alias: str, role: str) -> dict[str, Any]:
@@ -87,7 +88,7 @@ class Backoff:
     def next(self) -> float:
         delay = min(self.cap, self.first * 2**self.attempt)
         self.attempt += 1
-        return random.uniform(delay / 2, delay)
+        return _random.uniform(delay / 2, delay)
 
     def reset(self) -> None:
         self.attempt = 0

@@ -43,6 +43,7 @@ from .types import Mark
 from .waits import END, ForPage, ForTail, Ready, Step, settle, wake
 from .window import BATCH, Page, Tail, Waiter
 
+_random = random.Random()  # its own: the global state a project may seed is left alone
 logger = logging.getLogger("pgstreams.listener")
 
 
@@ -265,7 +266,7 @@ class Listener:
 
     async def _poll_forever(self) -> None:
         while True:
-            await asyncio.sleep(conf.poll_interval() * random.uniform(0.8, 1.2))
+            await asyncio.sleep(conf.poll_interval() * _random.uniform(0.8, 1.2))
             with self._lock:
                 for tail in self._tails.values():
                     tail.dirty = tail.polled = True

@@ -44,6 +44,7 @@ JS_SAFE: Final = 2**53 - 1
 _CURSOR_EPOCH: Final = datetime.datetime(2024, 10, 9, tzinfo=datetime.UTC).timestamp()
 _CURSOR_INTERVAL: Final = 20
 
+_random = random.Random()  # its own: the global state a project may seed is left alone
 DEFAULT_CONTENT_TYPE: Final = "application/octet-stream"
 
 
@@ -202,7 +203,7 @@ def cursor(given: str | None) -> str:
     """A live response's Stream-Cursor: the current interval, and always past the client's."""
     now = int((time.time() - _CURSOR_EPOCH) // _CURSOR_INTERVAL)
     if given is not None and given.isdigit() and len(given) < 20 and int(given) >= now:
-        return str(int(given) + 1 + random.randrange(3600) // _CURSOR_INTERVAL)
+        return str(int(given) + 1 + _random.randrange(3600) // _CURSOR_INTERVAL)
     return str(now)
 
 
