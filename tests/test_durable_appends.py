@@ -167,6 +167,36 @@ async def test_a_stream_given_another_owner_is_not_written_by_its_old_one() -> N
     assert await stored("owned") == ["mine"]
 
 
+async def test_an_append_in_flight_while_its_stream_is_handed_to_another_owner_is_asked_again(found) -> None:
+    """Bob's append looked its stream up afresh (no path remembered) while a transaction that
+    hands the stream to alice held its row: once that commits, the batch that locks the row finds
+    a new owner and the rule is asked again, as for a remembered path (403, nothing stored)."""
+    users = get_user_model().objects
+    bob, alice = [await sync_to_async(users.create_user)(name) for name in ("bob", "alice")]
+    client = AsyncClient()
+    await client.aforce_login(bob)
+    stream = await pgstreams.acreate_stream(path="handed", owner=bob)
+    await pgstreams.acreate_stream(path="free")
+    with override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": "tests.test_durable_appends.owners_only"}):
+        handing = await psycopg.AsyncConnection.connect(**db.connect_kwargs("default", "test-handing"))
+        await handing.execute("BEGIN")
+        await handing.execute("UPDATE pgstreams_stream SET owner_id = %s WHERE id = %s", [alice.pk, stream.pk])
+        try:
+            sent = asyncio.create_task(post(client, "handed", "bob's line"))
+            deadline = time.monotonic() + 10
+            while found != ["handed"]:  # bounded: 10 s
+                assert time.monotonic() < deadline, "the append never looked its stream up"
+                await asyncio.sleep(0.01)
+            await pgstreams.aappend((await Stream.objects.aget(path="free")).id, "a later batch")
+            assert not sent.done()  # its batch met the held row: it waits
+            await handing.execute("COMMIT")
+        finally:
+            await handing.close()
+        answer = await asyncio.wait_for(sent, 10)
+    assert answer.status_code == 403, answer.content
+    assert await stored("handed") == [] and found == ["handed", "handed"]
+
+
 async def owners_only_on_the_loop(request, action: str, path: str, stream) -> bool:
     """owners_only as an ``async def`` rule."""
     user = await request.auser()

@@ -8,8 +8,9 @@ the event loop, holding no thread.
 Where a path leads is remembered per process (``PATHS`` of them, for ``PATH_SECONDS`` each, the
 least used forgotten first; a plain create remembers the stream it made), so that an append costs
 no lookup: the batch checks that the stream it locks is still the one found there (not deleted,
-expired, or given another owner); if it is not, nothing is written and the request is done again
-from a fresh lookup. A stream's id, path and content type never change, so no entry can lead a
+expired, or given another owner, a check made of a fresh lookup too, whose rule was asked before
+the row was locked); if it is not, nothing is written and the request is done again from a fresh
+lookup. A stream's id, path and content type never change, so no entry can lead a
 chunk to another stream. The rule (``DURABLE_AUTHORIZE``) is asked at every request, about the
 stream as it was remembered; an ``async def`` rule, on the event loop, so that an append to a
 remembered stream with a small body holds no thread (the rule's own queries, if any, take theirs).
@@ -79,8 +80,10 @@ class DurableAppend(batch.Item):
         return sum(map(len, self.chunks)) if isinstance(self.chunks, list) else 0
 
     def judge(self, row: batch.Row | None, producer_state: tuple[int, int] | None) -> batch.Accepted | BaseException:
-        if self.remembered and (row is None or row.gone or row.owner_id != self.owner_id):
-            return Stale()
+        if self.remembered and (row is None or row.gone):
+            return Stale()  # the stream remembered at the path is no longer there
+        if row is not None and row.owner_id != self.owner_id:
+            return Stale()  # given another owner since it was found, remembered or not: ask again
         if row is None or row.gone:
             return Refused(404, f"no stream at {self.path!r}")
         if self.producer is not None:
@@ -143,7 +146,7 @@ async def post(
     the ``Refused`` that answers it."""
     loop = asyncio.get_running_loop()
     known = _remembered(path)
-    while True:  # at most twice: the second time from a fresh lookup
+    while True:  # again from a fresh lookup only when the stream changed since it was found
         stream, chunks = await _found(request, path, body, closing=closing, known=known)
         if stream is not known:
             remember(path, stream)
