@@ -537,7 +537,7 @@ async def test_the_readmes_rule_and_a_rule_that_raises_tell_no_one_which_paths_e
         assert created.status_code == 201
 
 
-def shortcut(scheme: str = "http") -> httpx.AsyncClient:
+def shortcut() -> httpx.AsyncClient:
     """A client of DurableStreamsFirst around a Django application, both made now, under the
     settings of the moment."""
     from django.core.asgi import get_asgi_application
@@ -545,7 +545,7 @@ def shortcut(scheme: str = "http") -> httpx.AsyncClient:
     from pgstreams.durable.asgi import DurableStreamsFirst
 
     transport = httpx.ASGITransport(app=DurableStreamsFirst(get_asgi_application()))
-    return httpx.AsyncClient(transport=transport, base_url=f"{scheme}://127.0.0.1")
+    return httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1")
 
 
 async def test_the_shortcut_serves_a_project_under_a_script_prefix() -> None:
