@@ -25,24 +25,33 @@ Key = tuple[uuid.UUID, int]  # (stream, from_offset): one page
 Connect = Callable[[str, str], Awaitable[psycopg.AsyncConnection[Any]]]
 Disconnect = Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]
 
-# Chunks fetched at most per stream and query.
+# A page holds at most this many chunks, and ends with the chunk that reaches this many bytes of
+# data (of text in UTF-8, or binary): what a reader is handed at once, and what a tail's window
+# holds at least, is bounded in bytes whatever the chunks' size.
 PAGE_SIZE: Final = 500
+PAGE_BYTES: Final = 256 << 10
 # Pages fetched at most in one query (fewer after a query ran out of time: see the listener).
 FETCH_KEYS: Final = 256
 
 # One snapshot gives each stream's state and the chunks from the wanted offset, so "closed, and
-# next_offset is N" and "every chunk below N is here" are seen together. The arrays go in binary
-# (%b): a thousand ids cost a copy, not a thousand quoted strings.
+# next_offset is N" and "every chunk below N is here" are seen together. A page's chunks are
+# counted in bytes as they come, from their values' headers: nothing past the page is loaded. The
+# arrays go in binary (%b): a thousand ids cost a copy, not a thousand quoted strings.
 FETCH_SQL = """
 SELECT w.i, s.next_offset, s.closed_at IS NOT NULL, c."offset", c.data, c.blob, c.created_at
 FROM unnest(%b::uuid[], %b::bigint[]) WITH ORDINALITY AS w(stream_id, from_offset, i)
 LEFT JOIN pgstreams_stream AS s ON s.id = w.stream_id AND s.deleted_at IS NULL  -- a tombstone is no stream
 LEFT JOIN LATERAL (
-    SELECT k."offset", k.data, k.blob, k.created_at
-    FROM pgstreams_chunk AS k
-    WHERE k.stream_id = w.stream_id AND k."offset" >= w.from_offset
-    ORDER BY k."offset"
-    LIMIT %s
+    SELECT p."offset", p.data, p.blob, p.created_at FROM (
+        SELECT k."offset", k.data, k.blob, k.created_at,
+               sum(coalesce(octet_length(k.data), octet_length(k.blob))) OVER (ORDER BY k."offset")
+               - coalesce(octet_length(k.data), octet_length(k.blob)) AS before
+        FROM pgstreams_chunk AS k
+        WHERE k.stream_id = w.stream_id AND k."offset" >= w.from_offset
+        ORDER BY k."offset"
+        LIMIT %s
+    ) AS p
+    WHERE p.before < %s
 ) AS c ON true
 ORDER BY w.i, c."offset"
 """
@@ -131,7 +140,7 @@ async def confirm_on_primary(
 async def _fetch(conn: psycopg.AsyncConnection[Any], keys: list[Key]) -> dict[Key, Page]:
     # Not prepared: planned with the table's current size each time. A generic plan cached while
     # the chunk table was small can scan all of it once it has grown.
-    params = ([k[0] for k in keys], [k[1] for k in keys], PAGE_SIZE)
+    params = ([k[0] for k in keys], [k[1] for k in keys], PAGE_SIZE, PAGE_BYTES)
     async with db.deadline(conn, "fetching chunks"):
         cursor = await conn.execute(FETCH_SQL, params, prepare=False)
         rows = await cursor.fetchall()

@@ -98,6 +98,12 @@ def _families(flushed: FlusherStats, seen: ListenerStats, depth: int) -> Iterato
             seen.poll_found,
         ),
         ("pgstreams_fetches", "Fetch queries run by the listener.", seen.fetches),
+        ("pgstreams_chunks_fetched", "Chunks fetched by the listener.", seen.chunks_fetched),
+        (
+            "pgstreams_chunk_data_fetched",
+            "Data of the chunks fetched by the listener: characters of text, bytes of binary.",
+            seen.data_fetched,
+        ),
         (
             "pgstreams_read_behind",
             "Fetches that found READ_DATABASE behind what was announced (then asked again).",

@@ -38,6 +38,7 @@ class ListenerStats(_Stats):
     fetch_errors: int = 0  # fetch rounds that failed, and pages the database refused
     fetch_seconds: float = 0.0  # time spent in fetch rounds
     chunks_fetched: int = 0
+    data_fetched: int = 0  # of those chunks: characters of text, bytes of binary
     read_behind: int = 0  # rounds that found READ_DATABASE behind what was announced
     restarts: int = 0  # of the listener's loops after an unexpected failure
 

@@ -187,11 +187,12 @@ OPEN_DURABLE = {"DEMO_OPEN_DURABLE_STREAMS": "1"}
 
 
 @contextlib.contextmanager
-def open_server(server: str) -> Iterator[str]:
+def open_server(server: str, env: dict[str, str] | None = None) -> Iterator[str]:
     """The demo's ASGI application under ``server`` with its Durable Streams endpoint open to
-    anyone, until the block ends; yields its host:port."""
+    anyone (and ``env`` added to its environment), until the block ends; yields its host:port."""
     port = free_port()
-    with serving(server_command(server, "demo_project.asgi:application", port), port, env=OPEN_DURABLE) as host:
+    command = server_command(server, "demo_project.asgi:application", port)
+    with serving(command, port, env={**OPEN_DURABLE, **(env or {})}) as host:
         yield host
 
 

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import psutil
 import psycopg
 from django.conf import settings
 from django.db import connection, connections
@@ -286,3 +287,34 @@ def _close_frame(data: bytes) -> bytes | None:
             return data[at + head : at + head + length]
         at += head + length
     return None
+
+
+class ServerMemory:
+    """The resident memory of the server the test started at ``host``: its processes (granian's
+    worker is a child of its own) are found once, by the port they listen on, and summed at each
+    ``rss()`` (looking for them takes longer than reading their memory)."""
+
+    def __init__(self, host: str) -> None:
+        port = int(host.rsplit(":", 1)[1])
+        for server in psutil.Process().children():
+            processes = [server, *server.children(recursive=True)]
+            if any(
+                c.status == psutil.CONN_LISTEN and c.laddr.port == port for p in processes for c in p.net_connections()
+            ):
+                self.processes = processes
+                return
+        raise AssertionError(f"no server of this test listens at {host}")
+
+    def rss(self) -> int:
+        return sum(p.memory_info().rss for p in self.processes)
+
+
+def response_head(sock: socket.socket) -> bytes:
+    """An HTTP response's status line and headers, read byte by byte: nothing past them."""
+    head = b""
+    while b"\r\n\r\n" not in head and len(head) < 4096:  # bounded; recv times out with the socket
+        part = sock.recv(1)
+        if not part:
+            break
+        head += part
+    return head

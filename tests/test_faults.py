@@ -19,7 +19,6 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 
 import httpx
-import psutil
 import pytest
 import websockets
 from asgiref.sync import SyncToAsync
@@ -33,7 +32,7 @@ from bench.servers import SERVERS
 from pgstreams import notify
 from pgstreams.models import Chunk, Stream
 from tests.conftest import open_server
-from tests.helpers import RawWebSocket, Reader, subprocess_database_url
+from tests.helpers import RawWebSocket, Reader, ServerMemory, response_head, subprocess_database_url
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess, pytest.mark.faults, pytest.mark.slow]
 
@@ -206,26 +205,6 @@ async def _until_set(events: list[asyncio.Event], tasks: list[asyncio.Task], tim
                 task.result()
         assert time.monotonic() < deadline, "not set in time"
         await asyncio.sleep(0.01)
-
-
-class ServerMemory:
-    """The resident memory of the server the test started at ``host``: its processes (granian's
-    worker is a child of its own) are found once, by the port they listen on, and summed at each
-    ``rss()`` (looking for them takes longer than reading their memory)."""
-
-    def __init__(self, host: str) -> None:
-        port = int(host.rsplit(":", 1)[1])
-        for server in psutil.Process().children():
-            processes = [server, *server.children(recursive=True)]
-            if any(
-                c.status == psutil.CONN_LISTEN and c.laddr.port == port for p in processes for c in p.net_connections()
-            ):
-                self.processes = processes
-                return
-        raise AssertionError(f"no server of this test listens at {host}")
-
-    def rss(self) -> int:
-        return sum(p.memory_info().rss for p in self.processes)
 
 
 async def _stalled_client(host: str, name: str) -> None:
@@ -463,7 +442,7 @@ async def _silent_sse_client(host: str, name: str) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     request = f"GET /pgstreams/v1/stream/silent/sse?offset=now&live=sse HTTP/1.1\r\nHost: {host}\r\n\r\n"
     sock.sendall(request.encode())
-    head = await asyncio.to_thread(_response_head, sock)  # the answer is open; its body stays unread
+    head = await asyncio.to_thread(response_head, sock)  # the answer is open; its body stays unread
     assert head.startswith(b"HTTP/1.1 200"), head
     server = ServerMemory(host)
     before = peak = server.rss()
@@ -478,17 +457,6 @@ async def _silent_sse_client(host: str, name: str) -> None:
     growth_mib = (peak - before) / 2**20
     print(f"silent Durable Streams SSE client: {name} grew {growth_mib:.1f} MiB while 48 MB were written")
     assert growth_mib < 25
-
-
-def _response_head(sock: socket.socket) -> bytes:
-    """An HTTP response's status line and headers, read byte by byte: nothing past them."""
-    head = b""
-    while b"\r\n\r\n" not in head and len(head) < 4096:  # bounded; recv times out with the socket
-        part = sock.recv(1)
-        if not part:
-            break
-        head += part
-    return head
 
 
 class AppenderKiller:

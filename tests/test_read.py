@@ -14,7 +14,7 @@ from django.db import connection
 from django.test import override_settings
 
 import pgstreams
-from pgstreams import conf, fetch, listener, window
+from pgstreams import conf, db, fetch, listener, window
 from pgstreams.models import Stream
 from pgstreams.types import Mark
 from tests.helpers import delete_chunks
@@ -68,6 +68,27 @@ def test_a_long_stream_is_read_in_pages_past_the_window() -> None:
     assert [first.data] + [c.data for c in reader] == [str(i) for i in range(n)]
     # Each chunk is fetched about once.
     assert listener.get_listener().stats.chunks_fetched - before <= n + 2 * fetch.PAGE_SIZE
+
+
+def test_a_page_ends_with_the_chunk_that_reaches_its_bytes_whatever_the_chunks_size() -> None:
+    """Pages were 500 chunks whatever their size: 32 MB of 64 KB chunks for a reader that
+    would send one MiB of it."""
+    s = pgstreams.create_stream()
+    big = "é" * (32 << 10)  # 64 KiB of UTF-8 in 32 Ki characters: pages count bytes
+    pgstreams.write_many(s.id, [big] * 10 + ["small"] * 10)
+
+    async def fetched(keys: list[fetch.Key]) -> dict[fetch.Key, window.Page]:
+        conn = await db.aconnect(conf.database(), "test")
+        try:
+            return await fetch.fetch_pages(conn, keys, refuse=lambda key, exc: pytest.fail(str(exc)))
+        finally:
+            await conn.close()
+
+    pages = asyncio.run(fetched([(s.id, 0), (s.id, 8), (s.id, 19)]))
+    per_page = fetch.PAGE_BYTES // len(big.encode())
+    assert [c.offset for c in pages[s.id, 0].chunks] == list(range(per_page))
+    assert [c.offset for c in pages[s.id, 8].chunks] == list(range(8, 20))  # under the bytes: to the end
+    assert [c.data for c in pages[s.id, 19].chunks] == ["small"]
 
 
 def test_a_waiting_reader_gets_live_writes_and_the_end() -> None:
@@ -452,7 +473,7 @@ def test_the_fetch_reads_chunks_by_index_even_after_the_table_was_analyzed_with_
             [[s.id for s in many]],
         )
         query = fetch.FETCH_SQL.replace("%b", "%s")
-        cursor.execute("EXPLAIN " + query, [[s.id for s in many[:256]], [0] * 256, fetch.PAGE_SIZE])
+        cursor.execute("EXPLAIN " + query, [[s.id for s in many[:256]], [0] * 256, fetch.PAGE_SIZE, fetch.PAGE_BYTES])
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "Seq Scan on pgstreams_chunk" not in plan, plan
     assert "pgstreams_chunk_pkey" in plan, plan
