@@ -495,3 +495,27 @@ def test_an_append_retried_as_the_same_producer_returns_none_and_stores_once() -
         "once",
         "twice",
     ]
+
+
+async def test_an_append_past_one_batch_is_refused_whole() -> None:
+    """An append is committed whole in one batch of the append path, so a body is at most one
+    batch (APPEND_BATCH chunks). A 2.4 MB JSON array of 1.2 million values was one appender
+    item whatever APPEND_BATCH said: it answered 503 after 12 s, left 169 MB of rows that did
+    not commit, and held up other streams' appends for 5 s."""
+    client = AsyncClient()
+    with override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": EVERYONE}):
+        await pgstreams.acreate_stream(path="j", content_type="application/json")
+        answer = await post(client, "j", "[" + ",".join(["1"] * 1_200_000) + "]", "application/json")
+        assert answer.status_code == 413, answer.content
+        assert b"1200000 values is over one append's 10000 (PGSTREAMS['APPEND_BATCH'])" in answer.content
+        assert await stored("j") == []
+        answer = await post(client, "j", "[" + ",".join(["2"] * 10_000) + "]", "application/json")
+        assert answer.status_code == 204 and await stored("j") == ["2"] * 10_000
+    with override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": EVERYONE, "APPEND_BATCH": 2, "MAX_CHUNK_BYTES": 4}):
+        await pgstreams.acreate_stream(path="t")
+        answer = await post(client, "t", "123456789")  # three chunks of at most 4 bytes
+        assert answer.status_code == 413 and b"makes 3 chunks" in answer.content
+        answer = await put(client, "new", body="123456789")  # a create's body is one append too
+        assert answer.status_code == 413 and b"makes 3 chunks" in answer.content
+        assert await stored("t") == [] and not await Stream.objects.filter(path="new").aexists()
+        assert (await post(client, "t", "12345678")).status_code == 204 and await stored("t") == ["1234", "5678"]

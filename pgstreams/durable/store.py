@@ -30,6 +30,7 @@ from asgiref.sync import async_to_sync
 from django.db import OperationalError, connections, transaction
 
 from .. import conf, leases
+from ..appender import BATCH_BYTES
 from ..batch import EXPIRY_PASSED
 from ..models import Stream, is_text, media_type
 from ..types import Mark
@@ -399,20 +400,36 @@ def delete(request: Any, path: str) -> None:
 
 def body_chunks(stream: Stream, body: bytes, *, appending: bool) -> list[str | bytes]:
     """A body as the stream's chunks: JSON messages one per chunk (an array's items, flattened);
-    text or bytes cut to MAX_CHUNK_BYTES."""
-    limit = conf.max_chunk_bytes()
+    text or bytes cut to MAX_CHUNK_BYTES. At most what one batch of the append path commits
+    (APPEND_BATCH chunks, BATCH_BYTES of data), or 413: an append is committed whole or not at
+    all, and one batch is what the appender bounds its commits by."""
+    limit, most = conf.max_chunk_bytes(), conf.append_batch()
     if media_type(stream.content_type) == "application/json":
         if not body:
             return []
-        messages = wire.json_messages(body)
+        messages = wire.json_messages(body, most)
         if appending and not messages:
             raise Refused(400, "an append of an empty JSON array appends nothing; send at least one value")
         for message in messages:
             if len(message.encode()) > limit:
                 raise Refused(413, f"a JSON message is over PGSTREAMS['MAX_CHUNK_BYTES'] = {limit} bytes")
-        return list(messages)
-    data: str | bytes = wire.text_body(body) if stream.holds_text else body
-    return list(wire.pieces(data, limit))
+        chunks: list[str | bytes] = list(messages)
+    else:
+        data: str | bytes = wire.text_body(body) if stream.holds_text else body
+        chunks = list(wire.pieces(data, limit))
+        if len(chunks) > most:
+            raise Refused(
+                413,
+                f"the body makes {len(chunks)} chunks of PGSTREAMS['MAX_CHUNK_BYTES'] = {limit} bytes, over one "
+                f"append's {most} (PGSTREAMS['APPEND_BATCH']); send it in several appends",
+            )
+    if (size := sum(map(len, chunks))) > BATCH_BYTES:
+        raise Refused(
+            413,
+            f"the body holds {size} characters or bytes of data, over one append's {BATCH_BYTES} (8 MiB); "
+            "send it in several appends",
+        )
+    return chunks
 
 
 def find(

@@ -143,9 +143,10 @@ def producer(headers: Any) -> Producer | None:
     return Producer(producer_id, whole(epoch, "Producer-Epoch"), whole(seq, "Producer-Seq"))
 
 
-def json_messages(body: bytes) -> list[str]:
+def json_messages(body: bytes, most: int) -> list[str]:
     """The JSON messages of a body: its value, or the items of a top-level array (one level
-    flattened), each kept as the text the client sent."""
+    flattened), each kept as the text the client sent; 413 for an array of more than ``most``
+    items, before they are cut out."""
     try:
         text = body.decode()
         value = STRICT_JSON.decode(text)
@@ -153,6 +154,12 @@ def json_messages(body: bytes) -> list[str]:
         raise Refused(400, f"the body is not valid JSON: {exc}") from None
     if not isinstance(value, list):
         return [text.strip(" \t\n\r")]
+    if len(value) > most:
+        raise Refused(
+            413,
+            f"a JSON array of {len(value)} values is over one append's {most} (PGSTREAMS['APPEND_BATCH']); "
+            "send them in several appends",
+        )
     items = []
     position = _SPACE.match(text).end() + 1  # past the array's "["
     for _ in value:

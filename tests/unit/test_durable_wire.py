@@ -119,21 +119,28 @@ def test_stream_closed_is_true_only_when_it_says_true() -> None:
 
 
 def test_json_bodies_flatten_one_level_and_keep_each_messages_text() -> None:
-    assert wire.json_messages(b' {"a": 1} \n') == ['{"a": 1}']
-    assert wire.json_messages(b"[[1,2], [3,4]]") == ["[1,2]", "[3,4]"]
-    assert wire.json_messages(b"[[[1]]]") == ["[[1]]"]
-    assert wire.json_messages(b"[ ]") == []
+    assert wire.json_messages(b' {"a": 1} \n', 10) == ['{"a": 1}']
+    assert wire.json_messages(b"[[1,2], [3,4]]", 10) == ["[1,2]", "[3,4]"]
+    assert wire.json_messages(b"[[[1]]]", 10) == ["[[1]]"]
+    assert wire.json_messages(b"[ ]", 10) == []
     # As sent: number forms, duplicate keys, escapes (a lone surrogate, which PostgreSQL text
     # cannot hold, stays escaped).
     body = '[1E2, {"k": 1, "k": 2}, "\\ud800", "é"]'.encode()
-    assert wire.json_messages(body) == ["1E2", '{"k": 1, "k": 2}', '"\\ud800"', '"é"']
+    assert wire.json_messages(body, 10) == ["1E2", '{"k": 1, "k": 2}', '"\\ud800"', '"é"']
+
+
+def test_a_json_array_of_more_values_than_one_append_takes_is_refused_before_it_is_cut() -> None:
+    assert wire.json_messages(b"[1, 2]", 2) == ["1", "2"]
+    with pytest.raises(wire.Refused, match="3 values is over one append's 2") as refused:
+        wire.json_messages(b"[1, 2, 3]", 2)
+    assert refused.value.status == 413
 
 
 @pytest.mark.parametrize(
     "bad", [b"{ invalid }", b"NaN", b"[1, Infinity]", b"[1e400]", b"\xff", b"[" * 100_000, b"[1,]"]
 )
 def test_a_body_that_is_not_json_is_refused(bad: bytes) -> None:
-    assert refusal(wire.json_messages, bad) == 400
+    assert refusal(wire.json_messages, bad, 10) == 400
 
 
 def test_a_text_stream_takes_utf8_without_nul() -> None:
