@@ -306,6 +306,22 @@ long_poll_timeout: Setting[float] = Setting(
     "seconds a Durable Streams long-poll waits for data before it answers `204 No Content`",
     float,
 )
+max_fork_bytes: Setting[int] = Setting(
+    "MAX_FORK_BYTES",
+    16 << 20,
+    Rule(lambda v: _whole(v) and v > 0, "a positive whole number of bytes"),
+    "pgstreams.E023",
+    "what a Durable Streams fork may copy of its source at most: the inherited chunks' data plus 100 bytes a "
+    "chunk for its row (a fork owns copies of the chunks it inherits); a fork of more is refused with 400",
+)
+max_fork_depth: Setting[int] = Setting(
+    "MAX_FORK_DEPTH",
+    16,
+    Rule(lambda v: _whole(v) and v > 0, "a positive whole number of forks"),
+    "pgstreams.E024",
+    "how many forks a Durable Streams chain may hold at most, from its first stream (a fork of a fork of ...); "
+    "a fork past it is refused with 400",
+)
 
 
 def listen_database() -> str:

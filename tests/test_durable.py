@@ -424,6 +424,35 @@ async def test_a_long_poll_waiting_on_a_stream_deleted_under_it_answers_404_not_
     assert answer.status_code == 404 and "Stream-Closed" not in answer
 
 
+async def test_a_fork_copies_at_most_max_fork_bytes_and_chains_at_most_max_fork_depth() -> None:
+    """A fork owns copies of the chunks it inherits: a 370-byte PUT copied a 20 MB stream, and
+    nothing bounded how often, nor how long a chain of forks grew."""
+    client = AsyncClient()
+    everyone = "demo_project.chat.durable.allow_everything"
+    source = await pgstreams.acreate_stream(path="big")
+    await pgstreams.awrite_many(source.id, ["x" * 65536] * 300)  # 19.7 MB: over the default's 16 MiB
+    with override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": everyone}):
+        refused = await client.put(url("big-fork"), headers={"Stream-Forked-From": "big"})
+        assert refused.status_code == 400 and b"MAX_FORK_BYTES'] = 16777216" in refused.content
+        assert not await Stream.objects.filter(path="big-fork").aexists()  # nothing half-made
+        at = wire.format_offset(200)  # 13.1 MB of it
+        made = await client.put(url("big-fork"), headers={"Stream-Forked-From": "big", "Stream-Fork-Offset": at})
+        assert made.status_code == 201, made.content
+    small = await pgstreams.acreate_stream(path="small")
+    await pgstreams.awrite_many(small.id, ["y" * 100] * 10)  # 200 bytes a chunk, its row counted
+    with override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": everyone, "MAX_FORK_BYTES": 1000, "MAX_FORK_DEPTH": 2}):
+        over = {"Stream-Forked-From": "small", "Stream-Fork-Offset": wire.format_offset(6)}
+        assert (await client.put(url("f1"), headers=over)).status_code == 400
+        within = {"Stream-Forked-From": "small", "Stream-Fork-Offset": wire.format_offset(5)}
+        assert (await client.put(url("f1"), headers=within)).status_code == 201
+        assert (await client.put(url("f2"), headers={"Stream-Forked-From": "f1"})).status_code == 201
+        deep = await client.put(url("f3"), headers={"Stream-Forked-From": "f2"})
+        assert deep.status_code == 400 and b"MAX_FORK_DEPTH'] = 2 forks" in deep.content
+        assert (await client.put(url("f3"), headers={"Stream-Forked-From": "f1"})).status_code == 201
+    assert (await client.get(url("f2"))).content == b"y" * 500
+    assert await Stream.objects.filter(path__in=["f1", "f2", "f3", "big-fork"]).acount() == 4
+
+
 def writes_for_the_signed_in(request, action: str, path: str, stream) -> bool:
     """Writes for signed-in users, reads as the default rule says."""
     from pgstreams.auth import default_durable_authorize

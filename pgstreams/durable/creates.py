@@ -115,6 +115,7 @@ def _create(request: Any, alias: str, path: str, wanted: Wanted, body: bytes) ->
         stream.fork_offset = source.next_offset if fork.offset is None else fork.offset
         stream.fork_sub_offset = fork.sub_offset
         inherited, part = _fork_point(alias, source, stream.fork_offset, fork.sub_offset)
+        _check_fork_cost(alias, source, inherited)
         items = [part] if part is not None else []
     else:
         inherited = 0
@@ -146,6 +147,53 @@ def _same_fork(existing: Stream, source: Stream | None, fork: Fork | None) -> bo
         and (fork.offset is None or fork.offset == existing.fork_offset)
         and fork.sub_offset == existing.fork_sub_offset
     )
+
+
+# What a chunk's copy costs besides its data: its row's header and columns, and its index entry.
+CHUNK_ROW_BYTES = 100
+
+# The inherited chunks' cost, counted over at most as many rows as the limit can pay for.
+_FORK_COST_SQL = f"""
+SELECT count(*), coalesce(sum(coalesce(octet_length(data), octet_length(blob)) + {CHUNK_ROW_BYTES}), 0)
+FROM (
+    SELECT data, blob FROM pgstreams_chunk WHERE stream_id = %s AND "offset" < %s ORDER BY "offset" LIMIT %s
+) AS inherited
+"""
+
+# The streams a stream was forked from, up the chain (counted up to one past the limit).
+_ANCESTORS_SQL = """
+WITH RECURSIVE chain(id, depth) AS (
+    SELECT forked_from_id, 1 FROM pgstreams_stream WHERE id = %s
+    UNION ALL
+    SELECT s.forked_from_id, c.depth + 1 FROM chain AS c JOIN pgstreams_stream AS s ON s.id = c.id
+    WHERE c.depth <= %s
+)
+SELECT count(*) FROM chain WHERE id IS NOT NULL
+"""
+
+
+def _check_fork_cost(alias: str, source: Stream, inherited: int) -> None:
+    """Refuse a fork that would copy more than MAX_FORK_BYTES, or make a chain of more than
+    MAX_FORK_DEPTH forks."""
+    most, deepest = conf.max_fork_bytes(), conf.max_fork_depth()
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_FORK_COST_SQL, [source.id, inherited, most // CHUNK_ROW_BYTES + 1])
+        chunks, cost = cursor.fetchone()
+        if cost > most:
+            raise Refused(
+                400,
+                f"a fork at offset {wire.format_offset(inherited)} would copy more than "
+                f"PGSTREAMS['MAX_FORK_BYTES'] = {most} bytes of the source ({chunks} chunks or more: their data and "
+                f"{CHUNK_ROW_BYTES} bytes a chunk); fork at an earlier offset",
+            )
+        cursor.execute(_ANCESTORS_SQL, [source.id, deepest])
+        (ancestors,) = cursor.fetchone()
+    if ancestors + 1 > deepest:  # the source's forks above it, and this one
+        raise Refused(
+            400,
+            f"a fork of this stream would make a chain of more than PGSTREAMS['MAX_FORK_DEPTH'] = {deepest} "
+            "forks; fork a stream nearer the start of the chain",
+        )
 
 
 def _fork_point(alias: str, source: Stream, offset: int, sub_offset: int) -> tuple[int, str | bytes | None]:
