@@ -135,6 +135,7 @@ class Listener:
 
     def _advance(self, tail: Tail, mark: Mark) -> None:
         # With the lock held.
+        tail.heard += 1
         tail.hint = max(tail.hint, mark.next_offset)
         tail.close_hinted |= mark.closed
         if tail.wants_fetch() and tail.start is not None:
@@ -335,11 +336,30 @@ class Listener:
         if conns.standby:
             with self._lock:
                 starting = {stream_id for stream_id, offset in keys if (stream_id, offset) in self._requests}
-            marks, waiting = await fetch.confirm_on_primary(conns, starting, pages)
-            self.announce(marks)
+                # Announced further than the standby shows: lagging, or announced falsely.
+                ahead = {
+                    stream_id
+                    for (stream_id, _), page in pages.items()
+                    if (tail := self._tails.get(stream_id)) is not None and tail.hint > page.next_offset
+                }
+            marks, waiting = await fetch.confirm_on_primary(conns, starting | ahead, pages)
+            self._settle(marks)
         self.stats.fetch_seconds += time.monotonic() - began
         self.stats.fetches += 1
-        return self._deliver(pages, polled) or waiting
+        return self._deliver(pages, polled, primary=not conns.standby) or waiting
+
+    def _settle(self, marks: list[Mark]) -> None:
+        """Take what the primary says of streams as their state, unless an announcement came since
+        it was asked (that one is fetched next)."""
+        with self._lock:
+            for mark in marks:
+                tail = self._tails.get(mark.stream_id)
+                if tail is None:
+                    continue
+                if tail.heard == tail.asked:
+                    tail.settle(mark.next_offset, mark.closed)
+                else:
+                    self._advance(tail, mark)
 
     def _refuse(self, key: fetch.Key, exc: Exception) -> None:
         """Fail the readers waiting for a page the database refuses to give; no one else."""
@@ -388,14 +408,19 @@ class Listener:
                     if tail.polled:
                         polled.add(tail.stream_id)
                 tail.dirty = tail.polled = False
+            for stream_id, _ in keys:
+                if (tail := self._tails.get(stream_id)) is not None:
+                    tail.asked = tail.heard
             if more:
                 self._work.set()
             return list(keys), polled
 
-    def _deliver(self, pages: dict[fetch.Key, Page], polled: set[uuid.UUID]) -> bool:
+    def _deliver(self, pages: dict[fetch.Key, Page], polled: set[uuid.UUID], *, primary: bool) -> bool:
         """Answer readers' requests, fold pages into tails and wake the readers of tails that
-        moved. Return whether a tail with waiting readers is announced further than its page
-        showed (only a read database lagging behind the primary does that)."""
+        moved. A page read on the primary is the stream's state (``Tail.settle``) unless an
+        announcement came since it was asked. Return whether a tail with waiting readers is
+        announced further than its page showed (only a read database lagging behind the primary
+        does that)."""
         behind = False
         budget = conf.window_bytes()
         to_wake: list[tuple[asyncio.AbstractEventLoop | None, Waiter]] = []
@@ -416,6 +441,8 @@ class Listener:
                     moved = True
                 else:
                     announced = tail.hint
+                    if primary and tail.heard == tail.asked:
+                        tail.settle(page.next_offset, page.closed)
                     moved = tail.merge(from_offset, page, budget)
                     if stream_id in polled and page.next_offset > announced:
                         self.stats.poll_found += 1

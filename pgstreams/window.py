@@ -55,6 +55,8 @@ class Tail:
     window_bytes: int = 0  # what the window's chunks cost, by size()
     hint: int = 0  # highest next_offset announced or seen
     close_hinted: bool = False
+    heard: int = 0  # announcements made to it: counted, to tell whether one came since a fetch was asked for
+    asked: int = 0  # heard, when its last fetch was asked for
     final: int | None = None  # next_offset once the stream is known to be closed
     gone: bool = False  # the stream was deleted
     failure: StreamError | None = None  # the database refused to fetch this tail
@@ -64,6 +66,13 @@ class Tail:
 
     def wants_fetch(self) -> bool:
         return self.hint > self.end or (self.close_hinted and self.final is None)
+
+    def settle(self, next_offset: int, closed: bool) -> None:
+        """What the primary said of the stream, with no announcement since it was asked: an
+        announcement of more (anyone who may connect can NOTIFY on the channel) is forgotten,
+        so it costs one fetch, not one per round."""
+        self.hint = next_offset
+        self.close_hinted = closed
 
     def merge(self, from_offset: int, page: Page, budget: int) -> bool:
         """Fold a page into the window, trimmed to ``budget`` bytes by size() (but never below

@@ -23,7 +23,7 @@ from prometheus_client import REGISTRY
 
 import pgstreams
 from bench.replica import ReplicaPair
-from pgstreams import listener, notify
+from pgstreams import conf, listener, notify
 from pgstreams.conf import SYNCHRONOUS_COMMIT_LEVELS
 from tests.helpers import Reader
 
@@ -172,6 +172,32 @@ def test_readers_on_a_lagging_standby_get_every_chunk_in_order_and_never_end_ear
         names = {n for (n,) in conn.execute("SELECT application_name FROM pg_stat_activity").fetchall()}
     assert f"pgstreams fetcher {os.getpid()}" in names
     assert hub.listening.is_set()
+
+
+def test_a_notification_for_an_offset_not_reached_costs_a_reader_on_the_standby_one_round(on_the_pair) -> None:
+    """Announced further than the standby shows is what a lagging standby looks like: the listener
+    asked it again, at most every 0.1 s, for as long as a reader waited, also when the
+    announcement was false (anyone who may connect can NOTIFY). Now it asks the primary too."""
+    pair = on_the_pair
+    s = pgstreams.create_stream()
+    pgstreams.write(s, "a", synchronous_commit="remote_apply")
+    reader = Reader(s.id, timeout=30)
+    reader.start()
+    deadline = time.monotonic() + 30
+    while reader.got != [(0, "a")] and time.monotonic() < deadline:  # bounded
+        time.sleep(0.01)
+    hub = listener.get_listener()
+    before = hub.stats.snapshot()
+    with pair.connect("primary") as conn:
+        conn.execute("SELECT pg_notify(%s, %s)", [conf.channel(), f"{s.id.hex}:999999999999"])
+    time.sleep(2.0)
+    counted = hub.stats - before
+    pgstreams.write(s, "b")
+    pgstreams.close(s)
+    reader.join(30)
+    assert reader.got == [(0, "a"), (1, "b")] and reader.error is None
+    print(f"a false announcement: {counted.fetches} fetch rounds in 2 s, {counted.read_behind} found it behind")
+    assert counted.fetches <= 2 and counted.read_behind == 0
 
 
 def test_every_level_is_accepted_on_the_pair(on_the_pair) -> None:
