@@ -79,6 +79,10 @@ class StreamAdmin(admin.ModelAdmin):
         # The rule the WebSocket and SSE endpoints apply to other users' streams (the live tail).
         return may_view_all(request.user)
 
+    def has_delete_permission(self, request: HttpRequest, obj: Stream | None = None) -> bool:
+        # Its delete page shows what it is deleting: only to those who may read it.
+        return may_view_all(request.user) and super().has_delete_permission(request, obj)
+
     @admin.display(description="state", ordering="closed_at")
     def state(self, obj: Stream) -> str:
         return "closed" if obj.closed_at else "open"

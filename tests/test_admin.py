@@ -50,6 +50,25 @@ def test_the_admin_and_the_endpoints_let_the_same_users_read_others_streams() ->
     assert client.get(url).status_code == 200 and default_authorize(staff, s)
 
 
+def test_deleting_a_stream_in_the_admin_needs_leave_to_read_it_too() -> None:
+    """Staff with delete_stream alone were shown a stream's label on the delete page, and could
+    delete it, though they may not read it."""
+    from django.contrib.auth.models import Permission
+
+    s = pgstreams.create_stream(label="someone's secret")
+    url = reverse("admin:pgstreams_stream_delete", args=[s.pk])
+    staff = get_user_model().objects.create_user("staff", password="pw", is_staff=True)
+    staff.user_permissions.add(Permission.objects.get(codename="delete_stream"))
+    client = Client()
+    client.force_login(staff)
+    page = client.get(url)
+    assert page.status_code == 403 and b"secret" not in page.content
+    assert client.post(url, {"post": "yes"}).status_code == 403 and Stream.objects.filter(pk=s.pk).exists()
+    staff.user_permissions.add(Permission.objects.get(codename="view_stream"))
+    assert client.get(url).status_code == 200
+    assert client.post(url, {"post": "yes"}).status_code == 302 and not Stream.objects.filter(pk=s.pk).exists()
+
+
 def test_chunks_are_not_in_the_admin(staff: Client) -> None:
     index = staff.get("/admin/").content.decode()
     assert "/admin/pgstreams/stream/" in index and "/admin/pgstreams/chunk/" not in index
