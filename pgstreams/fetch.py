@@ -29,7 +29,7 @@ Disconnect = Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]
 # data (of text in UTF-8, or binary): what a reader is handed at once, and what a tail's window
 # holds at least, is bounded in bytes whatever the chunks' size.
 PAGE_SIZE: Final = 500
-PAGE_BYTES: Final = 256 << 10
+PAGE_BYTES: Final = 512 << 10
 # Pages fetched at most in one query (fewer after a query ran out of time: see the listener).
 FETCH_KEYS: Final = 256
 

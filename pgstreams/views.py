@@ -19,9 +19,10 @@ from .types import StreamChunk
 
 # Seconds of silence after which a comment line keeps proxies from closing the connection.
 KEEPALIVE = 15.0
-# One response carries at most this many bytes of events, then ends without an "end" event; the
-# client (EventSource does this by itself) reconnects with Last-Event-ID. This bounds what a
-# client that stops reading can hold in the server's send buffers.
+# A response ends without an "end" event after the batch of events that reaches this many bytes
+# (a batch is at most a page, fetch.PAGE_BYTES of data, and is sent whole: what was fetched for
+# it is sent); the client (EventSource does this by itself) reconnects with Last-Event-ID. This
+# bounds what a client that stops reading can hold in the server's send buffers.
 RESPONSE_BYTES = 1 << 20
 
 
@@ -82,8 +83,9 @@ def _sse_events(chunks: Sequence[StreamChunk]) -> bytes:
 
 async def _events(stream_id: uuid.UUID, position: int) -> AsyncIterator[bytes]:
     """The stream's chunks as events from ``position``, through the stream's fan once at its
-    tail (``delivery.afollow``), a comment after KEEPALIVE seconds of silence; ends after about
-    RESPONSE_BYTES (the client resumes from Last-Event-ID), or with an ``end`` or ``error``."""
+    tail (``delivery.afollow``), a comment after KEEPALIVE seconds of silence; ends after the
+    batch that reaches RESPONSE_BYTES (the client resumes from Last-Event-ID), or with an
+    ``end`` or ``error``."""
     yield protocol.SSE_RETRY
     sent = 0
     try:
@@ -93,20 +95,12 @@ async def _events(stream_id: uuid.UUID, position: int) -> AsyncIterator[bytes]:
                 if not batch:
                     yield protocol.SSE_KEEPALIVE
                     continue
-                events = delivery.shared("sse", batch, _sse_events)
-                if sent + len(events) < RESPONSE_BYTES:  # as every subscriber at this batch sends it
-                    yield events
-                    position = batch[-1].offset + 1
-                    sent += len(events)
-                    continue
-                payload = bytearray()
-                for chunk in batch:
-                    payload += protocol.sse_chunk(chunk)
-                    position = chunk.offset + 1
-                    if sent + len(payload) >= RESPONSE_BYTES:
-                        break
-                yield bytes(payload)
-                return  # the client resumes from Last-Event-ID
+                events = delivery.shared("sse", batch, _sse_events)  # as every subscriber at it sends it
+                yield events
+                position = batch[-1].offset + 1
+                sent += len(events)
+                if sent >= RESPONSE_BYTES:
+                    return  # the client resumes from Last-Event-ID
     except StreamNotFound:
         yield protocol.sse_error("the stream was deleted")
         return

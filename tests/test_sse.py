@@ -14,7 +14,7 @@ from django.contrib.auth import get_user_model
 from django.test import AsyncClient
 
 import pgstreams
-from pgstreams import views
+from pgstreams import fetch, views
 from tests.helpers import delete_chunks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -74,7 +74,9 @@ async def test_resume_with_last_event_id_or_from() -> None:
 
 
 async def test_a_long_stream_is_served_over_several_responses(monkeypatch) -> None:
+    """A response ends after the batch that reaches RESPONSE_BYTES; a batch is at most a page."""
     monkeypatch.setattr(views, "RESPONSE_BYTES", 2000)
+    monkeypatch.setattr(fetch, "PAGE_BYTES", 500)
     s = await pgstreams.acreate_stream()
     await pgstreams.awrite_many(s.id, ["x" * 100] * 60)
     await pgstreams.aclose(s.id)
