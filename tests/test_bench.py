@@ -137,6 +137,21 @@ def test_a_tiny_durable_run_loads_the_reference_and_pgstreams_alike(tmp_path) ->
     assert "catch-up reads, MB/s" in done.stdout
 
 
+@pytest.mark.slow
+def test_a_tiny_catch_up_run_reads_every_chunk_over_both_transports(tmp_path) -> None:
+    out = tmp_path / "catch-up.json"
+    command = [sys.executable, "manage.py", "pgstreams_bench", "--catch-up", "65536", "--read-megabytes", "2"]
+    env = {**os.environ, "DATABASE_URL": subprocess_database_url()}
+    done = subprocess.run(
+        command + ["--json", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = json.loads(out.read_text())["catch_up"]["runs"]
+    assert [(r["server"], r["transport"], r["chunks"]) for r in runs] == [("daphne", "ws", 30), ("daphne", "sse", 30)]
+    assert all(0 < r["fetched_per_sent"] <= 2 and r["megabytes_per_second"] > 0 for r in runs)
+    assert "fetched/sent" in done.stdout
+
+
 def test_the_durable_catch_up_stream_must_have_a_size() -> None:
     with pytest.raises(CommandError, match="--read-megabytes above 0"):
         call_command("pgstreams_bench", "--durable", "--read-megabytes", "0")

@@ -5,9 +5,8 @@ it is sent. Real servers, real sockets, the server's resident memory and its own
 
 from __future__ import annotations
 
-import asyncio
-import re
 import socket
+import threading
 import time
 from collections.abc import Callable
 
@@ -15,11 +14,13 @@ import httpx
 import pytest
 
 import pgstreams
+from bench import catchup
+from bench.fanout import METRICS_TOKEN
 from bench.servers import SERVERS
 from pgstreams.durable import wire
+from pgstreams.models import Chunk
 from tests.conftest import open_server
 from tests.helpers import RawWebSocket, ServerMemory, response_head
-from tests.test_servers import follow
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -78,7 +79,7 @@ def test_sixteen_clients_that_read_nothing_each_hold_a_bounded_part_of_the_serve
         warm = pgstreams.create_stream(path=f"cost/{server}/{endpoint}/{size}/warm")
         pgstreams.write_many(warm.id, ["x" * chunk_bytes] * 4)
         pgstreams.close(warm.id)
-        _read_through(host, endpoint, target(warm, 0))
+        _read_through(host, endpoint, warm)
         server_memory = ServerMemory(host)
         before = server_memory.rss()
         step = chunks // CLIENTS
@@ -94,14 +95,13 @@ def test_sixteen_clients_that_read_nothing_each_hold_a_bounded_part_of_the_serve
     assert growth < CLIENTS * CLIENT_BYTES
 
 
-def _read_through(host: str, endpoint: str, target: str) -> None:
-    """Read ``target`` of a closed stream to its end, as a client of ``endpoint`` would."""
+def _read_through(host: str, endpoint: str, stream: pgstreams.Stream) -> None:
+    """Read a closed stream from its start to its end, as a client of ``endpoint`` would."""
     if endpoint == "websocket":
-        items, last, _ = asyncio.run(follow(host, target))
-        assert last["type"] == "end", last
+        catchup.read_websocket(f"http://{host}", str(stream.id))
         return
     with httpx.Client(base_url=f"http://{host}", timeout=10) as client:
-        client.get(target).raise_for_status()
+        client.get(ENDPOINTS[endpoint][1](stream, 0)).raise_for_status()
 
 
 def _settled_peak(server: ServerMemory, quiet: float = 1.5, longest: float = 20.0) -> int:
@@ -117,69 +117,69 @@ def _settled_peak(server: ServerMemory, quiet: float = 1.5, longest: float = 20.
     return peak
 
 
-TOKEN = "catch-up-test-metrics-token"
-
-
 @pytest.mark.parametrize("size", SIZES)
-@pytest.mark.parametrize("endpoint", ["websocket", "sse"])
-def test_a_reader_catching_up_is_read_for_at_most_twice_what_it_is_sent(endpoint: str, size: str) -> None:
+@pytest.mark.parametrize("transport", catchup.TRANSPORTS)
+def test_a_reader_catching_up_is_fetched_at_most_twice_what_it_is_sent(transport: str, size: str) -> None:
     """One client reads a closed stream from its start, as a browser would (acking each frame;
     resuming each response that ends after its bytes); the server's listener fetches at most
     twice the data the client gets (it fetched 500 chunks whatever their size, and the
     WebSocket and SSE endpoints dropped what did not fit). The Durable Streams endpoint's
     catch-up reads are its own query's, which reads what the response holds."""
     chunk_bytes, chunks = SIZES[size]
-    stream = pgstreams.create_stream(path=f"catch-up/{endpoint}/{size}")
+    stream = pgstreams.create_stream()
     for at in range(0, chunks, 100):
         pgstreams.write_many(stream.id, [f"{at + i:08d}".ljust(chunk_bytes, "x") for i in range(100)])
     pgstreams.close(stream.id)
-    with open_server("daphne", env={"DEMO_METRICS_TOKEN": TOKEN}) as host:
-        before = _fetched(host)
-        offsets = READERS[endpoint](host, stream)
-        fetched = _fetched(host) - before
+    with open_server("daphne", env={"DEMO_METRICS_TOKEN": METRICS_TOKEN}) as host:
+        base = f"http://{host}"
+        before = catchup.fetched(base)
+        offsets = catchup.READERS[transport](base, str(stream.id))
+        fetched = catchup.fetched(base) - before
     assert offsets == list(range(chunks))
     sent = chunks * chunk_bytes
-    print(
-        f"a {endpoint} reader catching up on {chunks} x {size}: "
-        f"sent {sent / 2**20:.1f} MiB, fetched {fetched / sent:.2f}x that"
-    )
+    print(f"a {transport} reader catching up on {chunks} x {size}: {fetched / sent:.2f}x what it was sent fetched")
     assert fetched <= 2 * sent
 
 
-def _fetched(host: str) -> int:
-    """The chunk data the server's listener has fetched, from its metrics."""
-    answer = httpx.get(f"http://{host}/pgstreams/metrics/", headers={"Authorization": f"Bearer {TOKEN}"})
-    answer.raise_for_status()
-    found = re.search(r"^pgstreams_chunk_data_fetched_total (\S+)$", answer.text, re.M)
-    assert found, answer.text[:500]
-    return int(float(found[1]))
+def test_a_json_array_of_a_million_values_is_refused_whole_while_other_appends_go_on() -> None:
+    """One POST of a 2.4 MB JSON array of 1.2 million values, while another client appends a
+    line to another stream every 20 ms: the array was one appender item whatever APPEND_BATCH
+    said (503 after 12 s, 169 MB of rows that did not commit, the other appends held up 5 s)."""
+    pgstreams.create_stream(path="cost/array", content_type="application/json")
+    pgstreams.create_stream(path="cost/lines")
+    with open_server("daphne") as host, httpx.Client(base_url=f"http://{host}", timeout=60) as client:
+        lines: list[tuple[int, float]] = []
+        done = threading.Event()
+
+        def append_lines() -> None:
+            with httpx.Client(base_url=f"http://{host}", timeout=60) as other:
+                for i in range(1000):  # bounded: until the array is answered
+                    began = time.monotonic()
+                    answer = other.post("/pgstreams/v1/stream/cost/lines", content=f"{i}\n", headers=TEXT)
+                    lines.append((answer.status_code, time.monotonic() - began))
+                    if done.wait(0.02):
+                        return
+
+        appender = threading.Thread(target=append_lines)
+        appender.start()
+        time.sleep(0.2)
+        began = time.monotonic()
+        body = "[" + ",".join(["1"] * 1_200_000) + "]"
+        answer = client.post("/pgstreams/v1/stream/cost/array", content=body, headers=JSON)
+        answered = time.monotonic() - began
+        time.sleep(0.2)
+        done.set()
+        appender.join(60)
+    print(
+        f"a 2.4 MB JSON array: {answer.status_code} after {answered * 1000:.0f} ms; {len(lines)} appends to another "
+        f"stream meanwhile, the slowest answered in {max(t for _, t in lines) * 1000:.0f} ms"
+    )
+    assert answer.status_code == 413, answer.text[:200]
+    assert "1200000 values is over one append's 10000" in answer.text
+    assert not Chunk.objects.filter(stream__path="cost/array").exists()
+    assert lines and {status for status, _ in lines} == {204}
+    assert Chunk.objects.filter(stream__path="cost/lines").count() == len(lines)
 
 
-def _websocket_offsets(host: str, stream: pgstreams.Stream) -> list[int]:
-    items, last, _ = asyncio.run(follow(host, f"/ws/pgstreams/{stream.id}/?from=0"))
-    assert last["type"] == "end", last
-    return [offset for offset, _ in items]
-
-
-def _sse_offsets(host: str, stream: pgstreams.Stream) -> list[int]:
-    """EventSource's way: each response that ends without ``end`` is resumed from Last-Event-ID."""
-    offsets: list[int] = []
-    with httpx.Client(base_url=f"http://{host}", timeout=10) as client:
-        for _ in range(1000):  # bounded: a response carries at least one chunk
-            headers = {"Last-Event-ID": str(offsets[-1])} if offsets else {}
-            with client.stream("GET", f"/pgstreams/streams/{stream.id}/events", headers=headers) as answer:
-                event = None
-                for line in answer.iter_lines():
-                    if line.startswith("event: "):
-                        event = line[7:]
-                    elif line.startswith("id: "):
-                        offsets.append(int(line[4:]))
-            if event == "end":
-                return offsets
-    raise AssertionError("the stream did not end")
-
-
-READERS: dict[str, Callable[[str, pgstreams.Stream], list[int]]] = {
-    "websocket": _websocket_offsets,
-    "sse": _sse_offsets,
-}
+TEXT = {"Content-Type": "text/plain"}
+JSON = {"Content-Type": "application/json"}

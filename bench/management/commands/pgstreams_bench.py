@@ -7,6 +7,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from bench.catchup import CatchUpConfig, run_catch_up
+from bench.catchup import table as catch_up_table
 from bench.durable import DurableConfig, run_durable
 from bench.durable import table as durable_table
 from bench.fanout import TRANSPORTS, FanoutConfig, Shape, run_fanout
@@ -23,7 +25,8 @@ class Command(BaseCommand):
         "Measure writes/s and delivery latency per notification mode, with the pgbench ceiling; "
         "or, with --replica, per synchronous_commit level against a streaming standby; "
         "or, with --llm, token streams written at a fixed rate per write method; "
-        "or, with --durable, the Durable Streams endpoint next to the protocol's reference server."
+        "or, with --durable, the Durable Streams endpoint next to the protocol's reference server; "
+        "or, with --catch-up, one reader catching up over WebSocket and SSE, per chunk size."
     )
 
     def add_arguments(self, parser: Any) -> None:
@@ -108,6 +111,13 @@ class Command(BaseCommand):
             help="with --durable: size of the stream the catch-up readers read whole, again and again",
         )
         parser.add_argument(
+            "--catch-up",
+            default="",
+            help="instead of the modes: chunk sizes in bytes (comma-separated, such as 1024,65536), each a stream "
+            "of --read-megabytes read from its start by one WebSocket and one SSE reader of each of --servers; "
+            "their MB/s and what the server fetched for them",
+        )
+        parser.add_argument(
             "--processes", default="1,2", help="daphne process counts for --durable, comma-separated (default 1,2)"
         )
         parser.add_argument(
@@ -140,7 +150,10 @@ class Command(BaseCommand):
         if o["duration"] <= 0 or (o["rate"] is not None and o["rate"] <= 0):
             raise CommandError("--duration and --rate must be positive")
         replica_writers = _counts(o, "replica_writers")
-        if o["fanout_shapes"]:
+        if o["catch_up"]:
+            report = self.run_catch_up(o)
+            self.stdout.write(catch_up_table(report))
+        elif o["fanout_shapes"]:
             report = self.run_fanout(o)
             self.stdout.write(fanout_table(report))
         elif o["durable"]:
@@ -153,7 +166,7 @@ class Command(BaseCommand):
             with open(o["json_path"], "w") as f:
                 json.dump(report, f, indent=2)
             self.stdout.write(f"wrote {o['json_path']}")
-        if o["plot_path"] and not (o["durable"] or o["fanout_shapes"]):
+        if o["plot_path"] and not (o["durable"] or o["fanout_shapes"] or o["catch_up"]):
             plot(report, o["plot_path"])
             self.stdout.write(f"wrote {o['plot_path']}")
 
@@ -212,6 +225,18 @@ class Command(BaseCommand):
         )
         try:
             return run_durable(config, say=self.say)
+        except RuntimeError as exc:
+            raise CommandError(str(exc)) from None
+
+    def run_catch_up(self, o: dict[str, Any]) -> dict[str, Any]:
+        servers = tuple(t.strip() for t in o["servers"].split(","))
+        if set(servers) - set(SERVERS):
+            raise CommandError(f"--servers must be some of {', '.join(SERVERS)}")
+        if o["read_megabytes"] <= 0:
+            raise CommandError("--read-megabytes must be above 0")
+        config = CatchUpConfig(chunk_sizes=_counts(o, "catch_up"), megabytes=o["read_megabytes"], servers=servers)
+        try:
+            return run_catch_up(config, say=self.say)
         except RuntimeError as exc:
             raise CommandError(str(exc)) from None
 
