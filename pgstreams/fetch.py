@@ -35,7 +35,8 @@ FETCH_KEYS: Final = 256
 
 # One snapshot gives each stream's state and the chunks from the wanted offset, so "closed, and
 # next_offset is N" and "every chunk below N is here" are seen together. A page's chunks are
-# counted in bytes as they come, from their values' headers: nothing past the page is loaded. The
+# counted in bytes as they come, from their values' headers: no value past the page is detoasted
+# or sent (its rows are read, up to PAGE_SIZE). The
 # arrays go in binary (%b): a thousand ids cost a copy, not a thousand quoted strings.
 FETCH_SQL = """
 SELECT w.i, s.next_offset, s.closed_at IS NOT NULL, c."offset", c.data, c.blob, c.created_at

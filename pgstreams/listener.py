@@ -41,7 +41,7 @@ from .process import PerProcess
 from .stats import ListenerStats
 from .types import Mark
 from .waits import END, ForPage, ForTail, Ready, Step, settle, wake
-from .window import BATCH, Page, Tail, Waiter
+from .window import Page, Tail, Waiter
 
 _random = random.Random()  # its own: the global state a project may seed is left alone
 logger = logging.getLogger("pgstreams.listener")
@@ -104,7 +104,7 @@ class Listener:
             start = tail.start
             if start is not None and start <= pos < tail.end:
                 i = pos - start
-                return Ready(tail.window[i : i + BATCH])
+                return Ready(tail.batch(i, fetch.PAGE_BYTES))
             if tail.failure is not None:
                 raise StreamError(str(tail.failure)) from tail.failure.__cause__
             if tail.final is not None and pos >= tail.final:
@@ -340,7 +340,8 @@ class Listener:
                 ahead = {
                     stream_id
                     for (stream_id, _), page in pages.items()
-                    if (tail := self._tails.get(stream_id)) is not None and tail.hint > page.next_offset
+                    if (tail := self._tails.get(stream_id)) is not None
+                    and (tail.hint > page.next_offset or (tail.close_hinted and not page.closed))
                 }
             marks, waiting = await fetch.confirm_on_primary(conns, starting | ahead, pages)
             self._settle(marks)

@@ -67,6 +67,20 @@ class Tail:
     def wants_fetch(self) -> bool:
         return self.hint > self.end or (self.close_hinted and self.final is None)
 
+    def batch(self, i: int, most: int) -> list[StreamChunk]:
+        """The window's chunks from its ``i``-th: at most BATCH, ending with the one whose data
+        reaches ``most`` (one at least). The window is about a page unless WINDOW_BYTES is
+        larger: only then are the chunks' sizes summed."""
+        chunks = self.window[i : i + BATCH]
+        if self.window_bytes <= most:
+            return chunks
+        data = 0
+        for n, chunk in enumerate(chunks, 1):
+            data += len(chunk.data)
+            if data >= most:
+                return chunks[:n]
+        return chunks
+
     def settle(self, next_offset: int, closed: bool) -> None:
         """What the primary said of the stream, with no announcement since it was asked: an
         announcement of more (anyone who may connect can NOTIFY on the channel) is forgotten,

@@ -497,7 +497,7 @@ def test_an_append_retried_as_the_same_producer_returns_none_and_stores_once() -
     ]
 
 
-async def test_an_append_past_one_batch_is_refused_whole() -> None:
+async def test_an_append_past_one_batch_is_refused_whole(monkeypatch) -> None:
     """An append is committed whole in one batch of the append path, so a body is at most one
     batch (APPEND_BATCH chunks). A 2.4 MB JSON array of 1.2 million values was one appender
     item whatever APPEND_BATCH said: it answered 503 after 12 s, left 169 MB of rows that did
@@ -519,3 +519,7 @@ async def test_an_append_past_one_batch_is_refused_whole() -> None:
         assert answer.status_code == 413 and b"makes 3 chunks" in answer.content
         assert await stored("t") == [] and not await Stream.objects.filter(path="new").aexists()
         assert (await post(client, "t", "12345678")).status_code == 204 and await stored("t") == ["1234", "5678"]
+        monkeypatch.setattr(appender, "BATCH_BYTES", 6)  # 8 MiB: more than a body holds by default
+        answer = await post(client, "t", "1234567")
+        assert answer.status_code == 413 and b"holds 7 characters or bytes of data" in answer.content
+        assert await stored("t") == ["1234", "5678"]

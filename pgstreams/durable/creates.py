@@ -154,7 +154,7 @@ CHUNK_ROW_BYTES = 100
 
 # The inherited chunks' cost, counted over at most as many rows as the limit can pay for.
 _FORK_COST_SQL = f"""
-SELECT count(*), coalesce(sum(coalesce(octet_length(data), octet_length(blob)) + {CHUNK_ROW_BYTES}), 0)
+SELECT coalesce(sum(coalesce(octet_length(data), octet_length(blob)) + {CHUNK_ROW_BYTES}), 0)
 FROM (
     SELECT data, blob FROM pgstreams_chunk WHERE stream_id = %s AND "offset" < %s ORDER BY "offset" LIMIT %s
 ) AS inherited
@@ -178,13 +178,13 @@ def _check_fork_cost(alias: str, source: Stream, inherited: int) -> None:
     most, deepest = conf.max_fork_bytes(), conf.max_fork_depth()
     with connections[alias].cursor() as cursor:
         cursor.execute(_FORK_COST_SQL, [source.id, inherited, most // CHUNK_ROW_BYTES + 1])
-        chunks, cost = cursor.fetchone()
+        (cost,) = cursor.fetchone()
         if cost > most:
             raise Refused(
                 400,
                 f"a fork at offset {wire.format_offset(inherited)} would copy more than "
-                f"PGSTREAMS['MAX_FORK_BYTES'] = {most} bytes of the source ({chunks} chunks or more: their data and "
-                f"{CHUNK_ROW_BYTES} bytes a chunk); fork at an earlier offset",
+                f"PGSTREAMS['MAX_FORK_BYTES'] = {most} bytes of the source (its chunks' data and {CHUNK_ROW_BYTES} "
+                "bytes a chunk); fork at an earlier offset",
             )
         cursor.execute(_ANCESTORS_SQL, [source.id, deepest])
         (ancestors,) = cursor.fetchone()

@@ -29,8 +29,7 @@ from typing import Any, Literal
 from asgiref.sync import async_to_sync
 from django.db import OperationalError, connections, transaction
 
-from .. import conf, leases
-from ..appender import BATCH_BYTES
+from .. import appender, conf, leases
 from ..batch import EXPIRY_PASSED
 from ..models import Stream, is_text, media_type
 from ..types import Mark
@@ -423,10 +422,10 @@ def body_chunks(stream: Stream, body: bytes, *, appending: bool) -> list[str | b
                 f"the body makes {len(chunks)} chunks of PGSTREAMS['MAX_CHUNK_BYTES'] = {limit} bytes, over one "
                 f"append's {most} (PGSTREAMS['APPEND_BATCH']); send it in several appends",
             )
-    if (size := sum(map(len, chunks))) > BATCH_BYTES:
+    if (size := sum(map(len, chunks))) > (most_data := appender.BATCH_BYTES):
         raise Refused(
             413,
-            f"the body holds {size} characters or bytes of data, over one append's {BATCH_BYTES} (8 MiB); "
+            f"the body holds {size} characters or bytes of data, over one append's {most_data}; "
             "send it in several appends",
         )
     return chunks

@@ -129,3 +129,13 @@ def test_a_page_stops_at_a_gap_and_a_missing_first_chunk_says_where_to_resume() 
 def test_an_unknown_stream_is_a_page_that_does_not_exist() -> None:
     pages = pages_from_rows([(SID, 0)], rows(1, None, False, []))
     assert not pages[(SID, 0)].exists
+
+
+def test_a_batch_from_the_window_ends_with_the_chunk_that_reaches_a_page_of_data() -> None:
+    """A window is about a page unless WINDOW_BYTES is set larger: a reader's batch stays about a
+    page anyway (an SSE response sends its last batch whole)."""
+    tail = Tail(SID)
+    tail.merge(0, page(0, 40, size=1000), 1 << 20)  # a window of 40 kB, under a budget of 1 MiB
+    assert [c.offset for c in tail.batch(0, 1 << 20)] == list(range(40))  # under the page: all of it
+    assert [c.offset for c in tail.batch(5, 2500)] == [5, 6, 7]  # the third reaches 2,500
+    assert [c.offset for c in tail.batch(39, 10)] == [39]  # one at least
