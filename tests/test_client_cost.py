@@ -1,7 +1,8 @@
 """What one client costs the server, whatever the chunks' size: sixteen clients that read nothing,
 each at another offset of a stream written before they came, hold a bounded amount of the
-server's memory at every endpoint, on every server; a reader catching up is read for about what
-it is sent. Real servers, real sockets, the server's resident memory and its own metrics."""
+server's memory at every endpoint, on every server; a reader catching up is fetched about what
+it is sent; a JSON array of a million values is refused whole while other appends go on. Real
+servers, real sockets, the server's resident memory and its own metrics."""
 
 from __future__ import annotations
 
