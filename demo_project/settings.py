@@ -3,6 +3,8 @@
 import os
 from pathlib import Path
 
+import django
+
 from .database import default_database
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -21,6 +23,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "pgstreams",
+    "django_tasks_db",  # the task backend generations are enqueued on, in the same database
     "demo_project.chat",
     "bench",  # manage.py pgstreams_bench: the benchmark, kept out of the installed app
 ]
@@ -92,3 +95,10 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "loggers": {"pgstreams": {"handlers": ["console"], "level": "INFO"}},
 }
+
+# Django's Tasks API (django.tasks from 6.0; the django-tasks backport before), on a backend that
+# keeps its tasks in the same database as the streams: a generation's stream and its task commit
+# together (pgstreams.generations). Workers: python manage.py db_worker.
+TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
+if django.VERSION < (6, 0):
+    INSTALLED_APPS.append("django_tasks")

@@ -9,8 +9,9 @@ metadata (``KEY``), by the database's clock, so processes whose clocks differ ag
 
 Not here: when readers ask (``aisdk.response`` and the Durable Streams endpoint's live reads do,
 after a silence), and what the last chunk says (the writer's choice). A stream without a lease
-is never ended this way, and a lease is never taken over: a writer that comes back to a stream a
-reader ended finds it closed.
+is never ended this way, and readers never end a generation's stream: its lease run out is taken
+over by another run of its task (``generations``). A writer that comes back to a stream a reader
+ended finds it closed.
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ _RENEW_SQL: Final = (
     "UPDATE pgstreams_stream SET metadata = jsonb_set(metadata, '{pgstreams_lease}', jsonb_build_object("
     "'until', extract(epoch FROM now()) + %s, 'last', %s::text)) WHERE id = %s AND closed_at IS NULL"
 )
+# A generation's lease run out is taken over, not ended (generations.py).
 _EXPIRED_SQL: Final = (
     "SELECT metadata->'pgstreams_lease'->>'last' FROM pgstreams_stream WHERE id = %s AND closed_at IS NULL "
-    "AND (metadata->'pgstreams_lease'->>'until')::float8 < extract(epoch FROM now())"
+    "AND (metadata->'pgstreams_lease'->>'until')::float8 < extract(epoch FROM now()) "
+    "AND NOT metadata ? 'pgstreams_generation'"
 )
 
 

@@ -122,6 +122,12 @@ class Stream(models.Model):
             models.Index(
                 fields=["closed_at", "id"], name="pgstreams_stream_closed", condition=Q(closed_at__isnull=False)
             ),
+            # Processes look for open generations whose writer's lease ran out (generations.py).
+            models.Index(
+                fields=["id"],
+                name="pgstreams_stream_generating",
+                condition=Q(closed_at__isnull=True) & Q(metadata__has_key="pgstreams_generation"),
+            ),
             # A delete asks whether the stream has forks; few streams are forks.
             models.Index(fields=["forked_from"], name="pgstreams_stream_forks", condition=Q(forked_from__isnull=False)),
             # Pruning looks for expired streams and for tombstones; few streams are either.

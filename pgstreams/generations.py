@@ -1,0 +1,284 @@
+"""Generations: a stream written by a task of Django's Tasks API, which another worker takes over
+when the one writing it dies or stalls, so that an answer outlives its worker.
+
+``start()`` creates the stream and enqueues its task in one transaction: a stream is never
+without its task, nor a task without its stream (the task backend must keep its tasks in
+``DATABASE``, as django-tasks-db does). The task calls ``take()`` first: under the stream's row
+lock it takes a new producer epoch, so that an earlier writer of the stream that is only paused
+(a stopped process, a long pause, a partition) is fenced, its writes refused and never stored;
+it gets the chunks stored so far, to go on from there; and the ``Taken`` it returns keeps a
+lease on the stream, renewed by a thread of its own, while the task writes through it.
+
+A generation whose lease runs out is taken over: the takeover thread of any process that started
+or took a generation finds it (``FOR UPDATE SKIP LOCKED``: one process, once), counts an attempt
+and enqueues the task again, in one transaction, the lease then counting the time the task may
+wait for a worker. After its last attempt a generation ends with its ``last`` chunk. A closed
+stream (finished, stopped) is never taken nor taken over.
+
+Not here: what the task writes (the project's), running the tasks (the task backend's workers),
+and who may read the stream.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import threading
+import uuid
+from types import TracebackType
+from typing import Any, Final
+
+from django.db import connections, transaction
+from django.utils.module_loading import import_string
+
+from . import appends, conf, leases, producers
+from .exceptions import StreamClosed, StreamNotFound
+from .models import Stream
+from .process import PerProcess
+from .types import Producer, stream_uuid
+from .writer import create_stream
+
+_random = random.Random()  # its own: the global state a project may seed is left alone
+logger = logging.getLogger("pgstreams.generations")
+
+KEY: Final = "pgstreams_generation"
+PRODUCER: Final = "pgstreams-generation"  # the producer id every writer of a generation writes as
+ATTEMPTS: Final = 3  # runs of a generation's task at most, by default: its first and two takeovers
+LEASE: Final = 10.0  # seconds a taken generation is kept for its writer without a renewal
+QUEUE_TIMEOUT: Final = 600.0  # seconds an enqueued attempt may wait for a worker, by default
+TAKEOVER_INTERVAL: Final = 1.0  # seconds between a process's looks for generations to take over
+
+# Open generations whose lease has run out, locked by this process only (another skips them).
+_EXPIRED_SQL: Final = (
+    "SELECT id, metadata->'pgstreams_generation' FROM pgstreams_stream"
+    " WHERE closed_at IS NULL AND metadata ? 'pgstreams_generation'"
+    " AND (metadata->'pgstreams_lease'->>'until')::float8 < extract(epoch FROM now())"
+    " ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED"
+)
+# A takeover: one attempt more, and the lease the time the new attempt may wait for a worker.
+_NEXT_ATTEMPT_SQL: Final = (
+    "UPDATE pgstreams_stream SET metadata = jsonb_set(jsonb_set(metadata,"
+    " '{pgstreams_generation,attempt}', to_jsonb((metadata->'pgstreams_generation'->>'attempt')::int + 1)),"
+    " '{pgstreams_lease,until}', to_jsonb(extract(epoch FROM now()) + %s)) WHERE id = %s"
+)
+# A take: the stream's row, locked, and its generation.
+_TAKE_SQL: Final = (
+    "SELECT closed_at IS NOT NULL, metadata->'pgstreams_generation' FROM pgstreams_stream"
+    " WHERE id = %s AND deleted_at IS NULL FOR UPDATE"
+)
+_EPOCH_SQL: Final = "SELECT epoch FROM pgstreams_producer WHERE stream_id = %s AND producer_id = %s"
+# A renewal by the writer that holds ``epoch``; after another take it renews nothing.
+_RENEW_SQL: Final = (
+    "UPDATE pgstreams_stream SET metadata = jsonb_set(metadata, '{pgstreams_lease,until}',"
+    " to_jsonb(extract(epoch FROM now()) + %s)) WHERE id = %s AND closed_at IS NULL"
+    " AND (metadata->'pgstreams_generation'->>'epoch')::bigint = %s"
+)
+_TAKEN_SQL: Final = (
+    "UPDATE pgstreams_stream SET metadata = jsonb_set(metadata, '{pgstreams_generation,epoch}', to_jsonb(%s::bigint))"
+    " WHERE id = %s"
+)
+
+
+def start(
+    task: Any,
+    *args: Any,
+    last: str,
+    attempts: int = ATTEMPTS,
+    lease: float = LEASE,
+    queue_timeout: float = QUEUE_TIMEOUT,
+    stream: dict[str, Any] | None = None,
+    using: str | None = None,
+    **kwargs: Any,
+) -> Stream:
+    """Create a stream and enqueue ``task(str(stream.id), *args, **kwargs)`` to write it, in one
+    transaction (a savepoint of the caller's, if it is in one).
+
+    Args:
+        task: a task of Django's Tasks API (``@task``), whose backend keeps its tasks in
+            ``DATABASE``; its arguments must be JSON, as the API asks.
+        last: the chunk that ends the stream when every attempt has failed (its content type's).
+        attempts: how many times the task is run at most: its first run and the takeovers.
+        lease: seconds a writer may go without renewing its lease (``Taken`` renews it a third
+            of that apart) before the generation is taken over.
+        queue_timeout: seconds an attempt may wait for a worker before it counts as failed.
+        stream: ``create_stream()``'s arguments (owner, label, content_type, path...).
+    """
+    for name, value in (("lease", lease), ("queue_timeout", queue_timeout)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} is a number of seconds above 0, not {value!r}")
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+        raise ValueError(f"attempts is a whole number, 1 or more, not {attempts!r}")
+    alias = using or conf.database()
+    generation = {
+        "task": task.module_path,
+        "args": list(args),
+        "kwargs": kwargs,
+        "attempt": 1,
+        "attempts": attempts,
+        "lease": lease,
+        "queue_timeout": queue_timeout,
+        "epoch": -1,
+    }
+    with transaction.atomic(using=alias):
+        made = create_stream(using=alias, **(stream or {}))
+        with connections[alias].cursor() as cursor:
+            cursor.execute(
+                "UPDATE pgstreams_stream SET metadata = metadata || jsonb_build_object(%s::text, %s::jsonb)"
+                " WHERE id = %s",
+                [KEY, json.dumps(generation), made.id],
+            )
+        leases.renew(made.id, queue_timeout, last, using=alias)
+        task.enqueue(str(made.id), *args, **kwargs)
+    _takeovers.get()
+    return made
+
+
+def take(stream_id: Any, *, using: str | None = None) -> Taken:
+    """Take a generation's stream for this run of its task: a new producer epoch (an earlier
+    writer's writes are refused from now on), the lease from now, the chunks stored so far.
+    Use the ``Taken`` as a context manager: its lease is renewed while the block runs.
+
+    Raises:
+        StreamClosed: the generation ended (finished, stopped, or out of attempts): the task has
+            nothing to do.
+        StreamNotFound: no such stream; ValueError: a stream that is not a generation.
+    """
+    sid = stream_uuid(stream_id)
+    alias = using or conf.database()
+    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        cursor.execute(_TAKE_SQL, [sid])
+        row = cursor.fetchone()
+        if row is None:
+            raise StreamNotFound(f"no stream {sid}")
+        closed, generation = row
+        if closed:
+            raise StreamClosed(f"the generation in stream {sid} has ended")
+        if generation is None:
+            raise ValueError(f"stream {sid} is not a generation (pgstreams.generations.start() makes them)")
+        generation = json.loads(generation) if isinstance(generation, str) else generation
+        cursor.execute(_EPOCH_SQL, [sid, PRODUCER])
+        previous = cursor.fetchone()
+        epoch = 0 if previous is None else previous[0] + 1
+        producers.save(cursor, sid, Producer(PRODUCER, epoch, -1))  # fences every earlier writer
+        cursor.execute(_TAKEN_SQL, [epoch, sid])
+        cursor.execute(_RENEW_SQL, [generation["lease"], sid, epoch])
+        cursor.execute('SELECT data FROM pgstreams_chunk WHERE stream_id = %s ORDER BY "offset"', [sid])
+        chunks = [data for (data,) in cursor.fetchall()]
+    _takeovers.get()
+    return Taken(sid, alias, epoch, generation["attempt"], float(generation["lease"]), chunks)
+
+
+class Taken:
+    """One run's hold on a generation: ``chunks`` is what was stored before it; ``write()`` and
+    ``close()`` append as its producer epoch (``ProducerFenced`` once another run has taken the
+    stream; ``StreamClosed`` once it ended). As a context manager it renews the lease."""
+
+    def __init__(
+        self, stream_id: uuid.UUID, alias: str, epoch: int, attempt: int, lease: float, chunks: list[str]
+    ) -> None:
+        self.stream_id, self.alias, self.epoch, self.attempt, self.lease = stream_id, alias, epoch, attempt, lease
+        self.chunks = chunks
+        self._seq = 0
+        self._done = threading.Event()
+        self._renewing: threading.Thread | None = None
+
+    def write(self, data: str, *, close: bool = False) -> int | None:
+        """Append ``data`` (and close the stream with it, with ``close``); its offset."""
+        producer = Producer(PRODUCER, self.epoch, self._seq)
+        self._seq += 1
+        return appends.append(self.stream_id, data, close=close, producer=producer, using=self.alias)
+
+    def close(self, data: str) -> int | None:
+        """End the generation with its last chunk ``data``."""
+        return self.write(data, close=True)
+
+    def __enter__(self) -> Taken:
+        self._renewing = threading.Thread(
+            target=self._renew, name=f"pgstreams-generation-lease-{self.stream_id}", daemon=True
+        )
+        self._renewing.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        self._done.set()
+        if self._renewing is not None:
+            self._renewing.join()
+
+    def _renew(self) -> None:
+        try:
+            while not self._done.wait(self.lease / 3):
+                try:
+                    with connections[self.alias].cursor() as cursor:
+                        cursor.execute(_RENEW_SQL, [self.lease, self.stream_id, self.epoch])
+                except Exception:  # a blip: the next renewal may go through
+                    logger.warning(
+                        "pgstreams: renewing the lease of generation %s failed", self.stream_id, exc_info=True
+                    )
+                    connections[self.alias].close()
+        finally:
+            connections[self.alias].close()
+
+
+def take_over_expired(*, using: str | None = None, limit: int = 100) -> int:
+    """Take over up to ``limit`` generations whose lease has run out, as one process: enqueue
+    their task again (one attempt more), or end those out of attempts with their last chunk.
+    Return how many were taken over or ended."""
+    alias = using or conf.database()
+    ended: list[tuple[uuid.UUID, str]] = []
+    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        cursor.execute(_EXPIRED_SQL, [limit])
+        rows = cursor.fetchall()
+        for sid, value in rows:
+            generation = json.loads(value) if isinstance(value, str) else value
+            if generation["attempt"] >= generation["attempts"]:
+                cursor.execute("SELECT metadata->'pgstreams_lease'->>'last' FROM pgstreams_stream WHERE id = %s", [sid])
+                ended.append((sid, cursor.fetchone()[0]))
+                continue
+            cursor.execute(_NEXT_ATTEMPT_SQL, [generation["queue_timeout"], sid])
+            import_string(generation["task"]).enqueue(str(sid), *generation["args"], **generation["kwargs"])
+            logger.warning(
+                "pgstreams: generation %s lost its writer; attempt %d of %d enqueued",
+                sid,
+                generation["attempt"] + 1,
+                generation["attempts"],
+            )
+    for sid, last in ended:
+        logger.warning("pgstreams: generation %s lost its writer on its last attempt; ending it", sid)
+        try:
+            appends.append(sid, last, close=True, using=alias)
+        except StreamClosed:  # ended meanwhile, by its writer or by another process
+            pass
+    return len(rows)
+
+
+class _Takeovers:
+    """This process's takeover thread: every TAKEOVER_INTERVAL (jittered), ``take_over_expired()``."""
+
+    def __init__(self) -> None:
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pgstreams-takeovers", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping.wait(TAKEOVER_INTERVAL * _random.uniform(0.8, 1.2)):
+                try:
+                    take_over_expired()
+                except Exception:  # a database blip must not end the thread
+                    logger.warning("pgstreams: looking for generations to take over failed", exc_info=True)
+                    connections[conf.database()].close()
+        finally:
+            connections.close_all()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopping.set()
+        self._thread.join(timeout)
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+
+_takeovers: PerProcess[_Takeovers] = PerProcess(_Takeovers, _Takeovers.stop, alive=_Takeovers.alive)
+stop_takeovers = _takeovers.stop

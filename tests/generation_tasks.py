@@ -1,0 +1,33 @@
+"""The task the generation tests run in real worker processes (``manage.py db_worker``): the demo's
+deterministic model in miniature, which goes on from where the stream is."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from pgstreams import generations
+from pgstreams.exceptions import ProducerFenced, StreamClosed
+
+try:
+    from django.tasks import task
+except ImportError:  # Django 5.2: the django-tasks backport
+    from django_tasks import task
+
+
+@task
+def count(stream_id: str, n: int, delay: float, die_at: int | None = None) -> str:
+    """Write "0 ", "1 ", ... "<n-1> ", a chunk every ``delay`` seconds, from the offset the stream
+    has reached, then close it with "end". With ``die_at``, the worker process dies when the
+    stream reaches that offset (every attempt does)."""
+    try:
+        with generations.take(stream_id) as taken:
+            for i in range(len(taken.chunks), n):
+                if i == die_at:
+                    os._exit(1)
+                time.sleep(delay)
+                taken.write(f"{i} ")
+            taken.close("end")
+    except (StreamClosed, ProducerFenced) as exc:  # ended, or taken by a later run
+        return type(exc).__name__
+    return "finished"
