@@ -39,13 +39,13 @@ import logging
 import math
 import re
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, Literal
 
 from django.http import StreamingHttpResponse
 
-from . import appends, conf, delivery, leases, protocol, threads
-from .exceptions import ChunksPruned, StreamClosed, StreamNotFound
+from . import appends, conf, delivery, generations, leases, protocol, threads
+from .exceptions import ChunksPruned, ProducerFenced, StreamClosed, StreamNotFound
 from .models import Stream
 from .types import StreamChunk, stream_uuid
 from .writer import create_stream
@@ -183,6 +183,65 @@ async def write_answer(
             lease.cancel()
         if hasattr(source, "aclose"):
             await source.aclose()
+
+
+def start_generation(task: Any, *args: Any, stream: dict[str, Any] | None = None, **options: Any) -> Stream:
+    """``generations.start()`` for an answer: an ``application/json`` stream (``stream`` holds
+    ``create_stream()``'s other arguments) whose ``task`` writes it with ``generate()``, ended
+    with an ``error`` part (ABANDONED_TEXT) if every attempt fails. ``options``: ``start()``'s
+    attempts, lease, queue_timeout and using, and the task's keyword arguments."""
+    fields = {"content_type": "application/json", **(stream or {})}
+    return generations.start(task, *args, last=_abandoned(), stream=fields, **options)
+
+
+def generate(stream_id: Any, source: Callable[[str], Iterable[str]], *, using: str | None = None) -> Ending:
+    """In a generation's task: take the answer (``generations.take``) and write what
+    ``source(text)`` yields, text deltas, as its one assistant message, going on from ``text``,
+    the message's text as earlier runs left it ("" on the first), in the same text part; then
+    end it with ``finish`` (or ``error`` if ``source`` raised), as ``write_answer`` does.
+
+    Returns how it ended; "stopped" when the answer was closed (``stop``, or out of attempts)
+    or a later run took it: then nothing more is written."""
+    sid = stream_uuid(stream_id)
+    try:
+        with generations.take(sid, using=using) as taken:
+            kinds, text, text_id = _written([json.loads(chunk) for chunk in taken.chunks])
+            if "start" not in kinds:
+                taken.write(part("start", messageId=message_id(sid)))
+            if "start-step" not in kinds:
+                taken.write(part("start-step"))
+            ending: Ending = "finish"
+            if "finish-step" not in kinds:
+                if text_id is None:
+                    text_id = f"text-{kinds.count('text-start') + 1}"
+                    taken.write(part("text-start", id=text_id))
+                try:
+                    for delta in source(text):
+                        taken.write(part("text-delta", id=text_id, delta=delta))
+                except (StreamClosed, ProducerFenced):
+                    raise
+                except Exception:
+                    logger.exception("pgstreams: the source of the answer in stream %s failed", sid)
+                    ending = "error"
+                taken.write(part("text-end", id=text_id))
+                taken.write(part("finish-step"))
+            taken.close(part("finish") if ending == "finish" else part("error", errorText=ERROR_TEXT))
+            return ending
+    except (StreamClosed, ProducerFenced):
+        return "stopped"
+
+
+def _written(parts: list[dict[str, Any]]) -> tuple[list[str], str, str | None]:
+    """What earlier runs wrote of a message: its parts' kinds, its text, and its open text part."""
+    text, text_id = "", None
+    for item in parts:
+        if item["type"] == "text-start":
+            text_id = item["id"]
+        elif item["type"] == "text-delta":
+            text += item["delta"]
+        elif item["type"] == "text-end":
+            text_id = None
+    return [item["type"] for item in parts], text, text_id
 
 
 def stop(stream_id: Any, *, reason: str | None = None, using: str | None = None) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 
-from pgstreams import generations
+from pgstreams import aisdk, generations
 from pgstreams.exceptions import ProducerFenced, StreamClosed
 
 try:
@@ -31,3 +31,16 @@ def count(stream_id: str, n: int, delay: float, die_at: int | None = None) -> st
     except (StreamClosed, ProducerFenced) as exc:  # ended, or taken by a later run
         return type(exc).__name__
     return "finished"
+
+
+@task
+def answer(stream_id: str, n: int, delay: float) -> str:
+    """An AI SDK answer of ``n`` words, "w0 w1 ...", a word every ``delay`` seconds, going on from
+    the words an earlier run wrote."""
+
+    def words(text: str):
+        for i in range(len(text.split()), n):
+            time.sleep(delay)
+            yield f"w{i} "
+
+    return aisdk.generate(stream_id, words)

@@ -4,6 +4,7 @@ generation whose every attempt dies; each answer written whole, once, by one wri
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,9 +15,9 @@ from collections.abc import Iterator
 import pytest
 
 import pgstreams
-from pgstreams import generations
+from pgstreams import aisdk, generations
 from pgstreams.models import Chunk, Stream
-from tests.generation_tasks import count
+from tests.generation_tasks import answer, count
 from tests.helpers import ROOT, subprocess_database_url
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess]
@@ -158,3 +159,15 @@ def test_readers_leave_a_generation_whose_lease_ran_out_to_its_takeover() -> Non
         assert leases.expired(s.id) is None  # a reader does not end it: a takeover runs it again
     finally:
         generations.stop_takeovers()
+
+
+def test_an_ai_sdk_answer_whose_worker_is_killed_is_one_message_written_once(workers: Workers) -> None:
+    s = aisdk.start_generation(answer, N, DELAY, lease=LEASE)
+    until(lambda: len(texts(s)) >= 10)
+    workers.processes[workers.running(s, time.monotonic() + 10)].kill()
+    until(lambda: closed(s))
+    parts = [json.loads(chunk) for chunk in texts(s)]
+    kinds = [p["type"] for p in parts]
+    assert kinds == ["start", "start-step", "text-start"] + ["text-delta"] * N + ["text-end", "finish-step", "finish"]
+    assert "".join(p["delta"] for p in parts if p["type"] == "text-delta") == "".join(f"w{i} " for i in range(N))
+    assert {p["id"] for p in parts if "id" in p} == {"text-1"}
