@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import httpx
 import pytest
+from django.db import connections
 
 import pgstreams
 from bench import catchup
@@ -73,9 +74,10 @@ def test_sixteen_clients_that_read_nothing_each_hold_a_bounded_part_of_the_serve
     chunk_bytes, chunks = SIZES[size]
     open_client, target = ENDPOINTS[endpoint]
     stream = pgstreams.create_stream(path=f"cost/{server}/{endpoint}/{size}")
-    for at in range(0, chunks, 100):
-        pgstreams.write_many(stream.id, [f"{at + i:08d}".ljust(chunk_bytes, "x") for i in range(100)])
+    writing = threading.Thread(target=_write, args=(stream, chunk_bytes, chunks))
+    writing.start()  # while the server starts
     with open_server(server) as host:
+        writing.join()
         # The server's first answers of each kind load what they need: then the baseline.
         warm = pgstreams.create_stream(path=f"cost/{server}/{endpoint}/{size}/warm")
         pgstreams.write_many(warm.id, ["x" * chunk_bytes] * 4)
@@ -96,6 +98,14 @@ def test_sixteen_clients_that_read_nothing_each_hold_a_bounded_part_of_the_serve
     assert growth < CLIENTS * CLIENT_BYTES
 
 
+def _write(stream: pgstreams.Stream, chunk_bytes: int, chunks: int) -> None:
+    try:
+        for at in range(0, chunks, 100):
+            pgstreams.write_many(stream.id, [f"{at + i:08d}".ljust(chunk_bytes, "x") for i in range(100)])
+    finally:
+        connections.close_all()
+
+
 def _read_through(host: str, endpoint: str, stream: pgstreams.Stream) -> None:
     """Read a closed stream from its start to its end, as a client of ``endpoint`` would."""
     if endpoint == "websocket":
@@ -105,7 +115,7 @@ def _read_through(host: str, endpoint: str, stream: pgstreams.Stream) -> None:
         client.get(ENDPOINTS[endpoint][1](stream, 0)).raise_for_status()
 
 
-def _settled_peak(server: ServerMemory, quiet: float = 1.5, longest: float = 20.0) -> int:
+def _settled_peak(server: ServerMemory, quiet: float = 1.0, longest: float = 20.0) -> int:
     """The server's peak memory once it has stopped growing for ``quiet`` seconds."""
     peak = server.rss()
     grown_at = began = time.monotonic()
