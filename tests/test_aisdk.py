@@ -249,8 +249,13 @@ def chat_client(request, session) -> dict[str, str]:
 
 @pytest.fixture
 def session() -> dict[str, str]:
+    return signed_in(get_user_model().objects.create_user("aisdk-user"))
+
+
+def signed_in(user: Any) -> dict[str, str]:
+    """A session of ``user``, as the SDK's client sends it: its cookies and CSRF token."""
     client = Client()
-    client.force_login(get_user_model().objects.create_user("aisdk-user"))
+    client.force_login(user)
     return {"cookie": f"sessionid={client.cookies['sessionid'].value}; csrftoken={CSRF}", "csrf": CSRF}
 
 

@@ -11,10 +11,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from django.contrib.auth import get_user_model
 
 import pgstreams
+from demo_project.chat.models import Conversation
 from pgstreams import aisdk, generations
 from pgstreams.models import Chunk, Stream
 from tests.generation_tasks import answer, count
@@ -171,3 +174,42 @@ def test_an_ai_sdk_answer_whose_worker_is_killed_is_one_message_written_once(wor
     assert kinds == ["start", "start-step", "text-start"] + ["text-delta"] * N + ["text-end", "finish-step", "finish"]
     assert "".join(p["delta"] for p in parts if p["type"] == "text-delta") == "".join(f"w{i} " for i in range(N))
     assert {p["id"] for p in parts if "id" in p} == {"text-1"}
+
+
+def test_websocket_and_sse_readers_see_the_answer_go_on_after_its_worker_is_killed(workers: Workers) -> None:
+    """Readers that follow the answer live while its worker is killed: the answer pauses for the
+    takeover and goes on, every chunk once, in order, none from the killed run twice."""
+    from bench import catchup
+    from tests.conftest import open_server
+
+    with open_server("daphne") as host:
+        base = f"http://{host}"
+        s = generations.start(count, N, DELAY, last="failed", lease=LEASE)
+        with ThreadPoolExecutor(2) as readers:
+            read = {kind: readers.submit(catchup.READERS[kind], base, str(s.id)) for kind in catchup.TRANSPORTS}
+            until(lambda: len(texts(s)) >= 10)
+            workers.processes[workers.running(s, time.monotonic() + 10)].kill()
+            until(lambda: closed(s))
+            offsets = {kind: future.result(timeout=60) for kind, future in read.items()}
+    assert texts(s) == WHOLE
+    assert offsets == {kind: list(range(len(WHOLE))) for kind in catchup.TRANSPORTS}
+
+
+@pytest.mark.parametrize("route", ["ui-message-stream", "durable-streams"])
+def test_the_sdk_client_resuming_a_generation_shows_one_message_across_a_kill(
+    workers: Workers, demo_server: str, route: str
+) -> None:
+    """The AI SDK's own client (Node), resuming the chat's answer as a page does, with either
+    transport, while the answer's worker is killed: one assistant message, every word once."""
+    from tests.test_aisdk import ROUTES, signed_in, start, text
+
+    user = get_user_model().objects.create_user("generation-user")
+    s = aisdk.start_generation(answer, N, DELAY, lease=LEASE, stream={"owner": user, "path": f"chat/gen-{route}"})
+    Conversation.objects.create(user=user, prompt="count", stream=s, chat_id="generation")
+    prompt = {"id": "prompt", "role": "user", "parts": [{"type": "text", "text": "count"}]}
+    client = start(demo_server, {**signed_in(user), **ROUTES[route]}, "generation", "resume", messages=[prompt])
+    until(lambda: len(texts(s)) >= 10)
+    workers.processes[workers.running(s, time.monotonic() + 10)].kill()
+    result = json.loads(client.communicate(timeout=90)[0].splitlines()[-1])
+    assert result["status"] == "ready" and [m["role"] for m in result["messages"]] == ["user", "assistant"]
+    assert text(result["messages"][1]) == "".join(f"w{i} " for i in range(N))
