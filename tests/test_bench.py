@@ -152,6 +152,21 @@ def test_a_tiny_catch_up_run_reads_every_chunk_over_both_transports(tmp_path) ->
     assert "fetched/sent" in done.stdout
 
 
+@pytest.mark.slow
+def test_a_tiny_takeover_run_loses_and_repeats_nothing(tmp_path) -> None:
+    out = tmp_path / "takeover.json"
+    command = [sys.executable, "manage.py", "pgstreams_bench", "--takeover", "--generations", "3", "--kills", "2"]
+    env = {**os.environ, "DATABASE_URL": subprocess_database_url()}
+    done = subprocess.run(
+        command + ["--json", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())["takeover"]
+    assert report["kills"] == report["taken_over"] == 2
+    assert (report["duplicated"], report["lost"]) == (0, 0) and report["chunks_per_s"] > 0
+    assert "takeover p50/p99/max ms" in done.stdout
+
+
 def test_the_durable_catch_up_stream_must_have_a_size() -> None:
     with pytest.raises(CommandError, match="--read-megabytes above 0"):
         call_command("pgstreams_bench", "--durable", "--read-megabytes", "0")

@@ -17,10 +17,10 @@ import pytest
 from django.contrib.auth import get_user_model
 
 import pgstreams
+from bench.tasks import answer, count
 from demo_project.chat.models import Conversation
 from pgstreams import aisdk, generations
 from pgstreams.models import Chunk, Stream
-from tests.generation_tasks import answer, count
 from tests.helpers import ROOT, subprocess_database_url
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess]

@@ -18,6 +18,8 @@ from bench.llm_procs import APPEND_METHODS, METHODS, PACE
 from bench.report import plot, table
 from bench.run import MODES, Config, run
 from bench.servers import SERVERS
+from bench.takeover import TakeoverConfig, run_takeover
+from bench.takeover import table as takeover_table
 
 
 class Command(BaseCommand):
@@ -26,7 +28,8 @@ class Command(BaseCommand):
         "or, with --replica, per synchronous_commit level against a streaming standby; "
         "or, with --llm, token streams written at a fixed rate per write method; "
         "or, with --durable, the Durable Streams endpoint next to the protocol's reference server; "
-        "or, with --catch-up, one reader catching up over WebSocket and SSE, per chunk size."
+        "or, with --catch-up, one reader catching up over WebSocket and SSE, per chunk size; "
+        "or, with --takeover, generations in flight on task workers killed at random."
     )
 
     def add_arguments(self, parser: Any) -> None:
@@ -118,6 +121,14 @@ class Command(BaseCommand):
             "their MB/s and what the server fetched for them",
         )
         parser.add_argument(
+            "--takeover",
+            action="store_true",
+            help="instead of the modes: --generations answers in flight on django-tasks-db workers (one each, and "
+            "10 spare), --kills of them killed at random and replaced; takeover time, chunks duplicated and lost",
+        )
+        parser.add_argument("--generations", type=int, default=100, help="with --takeover: answers in flight")
+        parser.add_argument("--kills", type=int, default=20, help="with --takeover: workers killed")
+        parser.add_argument(
             "--processes", default="1,2", help="daphne process counts for --durable, comma-separated (default 1,2)"
         )
         parser.add_argument(
@@ -150,7 +161,12 @@ class Command(BaseCommand):
         if o["duration"] <= 0 or (o["rate"] is not None and o["rate"] <= 0):
             raise CommandError("--duration and --rate must be positive")
         replica_writers = _counts(o, "replica_writers")
-        if o["catch_up"]:
+        if o["takeover"]:
+            if o["generations"] < 1 or o["kills"] < 0:
+                raise CommandError("--generations must be at least 1 and --kills at least 0")
+            report = run_takeover(TakeoverConfig(generations=o["generations"], kills=o["kills"]), say=self.say)
+            self.stdout.write(takeover_table(report))
+        elif o["catch_up"]:
             report = self.run_catch_up(o)
             self.stdout.write(catch_up_table(report))
         elif o["fanout_shapes"]:
@@ -166,7 +182,7 @@ class Command(BaseCommand):
             with open(o["json_path"], "w") as f:
                 json.dump(report, f, indent=2)
             self.stdout.write(f"wrote {o['json_path']}")
-        if o["plot_path"] and not (o["durable"] or o["fanout_shapes"] or o["catch_up"]):
+        if o["plot_path"] and not (o["durable"] or o["fanout_shapes"] or o["catch_up"] or o["takeover"]):
             plot(report, o["plot_path"])
             self.stdout.write(f"wrote {o['plot_path']}")
 

@@ -1,5 +1,6 @@
-"""The task the generation tests run in real worker processes (``manage.py db_worker``): the demo's
-deterministic model in miniature, which goes on from where the stream is."""
+"""The tasks the takeover benchmark and the generation tests run in real worker processes
+(``manage.py db_worker``): a deterministic model in miniature, which goes on from where the
+stream is, written plain (``count``) or as an AI SDK answer (``answer``)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,155 @@
+"""The benchmark's takeover mode (``--takeover``): generations (``pgstreams.generations``) in flight
+on django-tasks-db's workers (``manage.py db_worker`` processes, one task each at a time), workers
+writing them killed with SIGKILL at random moments and replaced. Per kill: the takeover time, from
+the kill to the next chunk of the answer that worker was writing. At the end, every answer
+compared with what one uninterrupted run writes (chunks duplicated, lost), the runs that found
+themselves fenced, and the answers' chunks per second over the run."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from django.db.models import Min
+
+from pgstreams import generations
+from pgstreams.models import Chunk, Stream
+
+from .run import LABEL, percentiles
+from .tasks import count
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class TakeoverConfig:
+    generations: int = 100  # answers in flight at once
+    kills: int = 20
+    chunks: int = 200  # per answer
+    delay: float = 0.05  # seconds between two chunks of an answer
+    lease: float = 2.0  # seconds; the takeover comes this long after a writer's last renewal, and about 1 s
+    spare: int = 10  # workers beyond one per answer, for the takeovers
+
+
+class _Workers:
+    """``db_worker`` processes by worker id; a killed one is replaced by a new one."""
+
+    def __init__(self, count: int) -> None:
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._made = 0
+        for _ in range(count):
+            self.add()
+
+    def add(self) -> None:
+        worker_id = f"bench-worker-{self._made}"
+        self._made += 1
+        command = [sys.executable, "manage.py", "db_worker", "--interval", "0.1", "--worker-id", worker_id]
+        self.processes[worker_id] = subprocess.Popen(
+            command, cwd=ROOT, env=os.environ.copy(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+
+    def kill(self, worker_id: str) -> None:
+        self.processes.pop(worker_id).kill()
+        self.add()
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            process.kill()
+        for process in self.processes.values():
+            process.wait(30)
+
+
+def run_takeover(config: TakeoverConfig, say: Callable[[str], None] = print) -> dict[str, Any]:
+    from django_tasks_db.models import DBTaskResult
+
+    workers = _Workers(config.generations + config.spare)
+    expected = [f"{i} " for i in range(config.chunks)] + ["end"]
+    kills: list[tuple[str, float]] = []
+    try:
+        streams = [
+            generations.start(
+                count,
+                config.chunks,
+                config.delay,
+                last="failed",
+                lease=config.lease,
+                attempts=config.kills + 2,
+                stream={"label": LABEL},
+            )
+            for _ in range(config.generations)
+        ]
+        ids = {str(s.id) for s in streams}
+        began = time.monotonic()
+        say(f"takeover: {config.generations} answers of {config.chunks} chunks, {len(workers.processes)} workers")
+        deadline = began + 600
+        while len(kills) < config.kills and time.monotonic() < deadline:  # bounded
+            time.sleep(random.uniform(0.1, 0.5))
+            running = [
+                (result.args_kwargs["args"][0], result.worker_ids[-1])
+                for result in DBTaskResult.objects.filter(status="RUNNING")
+                if result.worker_ids
+                and result.worker_ids[-1] in workers.processes
+                and result.args_kwargs["args"][0] in ids
+            ]
+            if not running:
+                continue
+            stream_id, worker_id = random.choice(running)
+            workers.kill(worker_id)
+            kills.append((stream_id, time.time()))
+        while Stream.objects.filter(id__in=ids, closed_at__isnull=True).exists():  # bounded by the deadline
+            if time.monotonic() > deadline:
+                raise RuntimeError("the answers did not end within 10 minutes")
+            time.sleep(0.2)
+        seconds = time.monotonic() - began
+    finally:
+        workers.stop()
+        generations.stop_takeovers()
+    takeovers = []
+    for stream_id, at in kills:
+        first = Chunk.objects.filter(
+            stream_id=stream_id, created_at__gt=datetime.datetime.fromtimestamp(at, tz=datetime.UTC)
+        ).aggregate(Min("created_at"))
+        if first["created_at__min"] is not None:
+            takeovers.append(first["created_at__min"].timestamp() - at)
+    duplicated = lost = 0
+    for stream in streams:
+        got = list(Chunk.objects.filter(stream=stream).order_by("offset").values_list("data", flat=True))
+        duplicated += len(got) - len(set(got))
+        lost += len(set(expected) - set(got))
+    fenced = DBTaskResult.objects.filter(args_kwargs__args__0__in=list(ids), return_value="ProducerFenced").count()
+    chunks = Chunk.objects.filter(stream__in=streams).count()
+    DBTaskResult.objects.filter(args_kwargs__args__0__in=list(ids)).delete()
+    Stream.objects.filter(label=LABEL).delete()
+    report = {
+        "config": asdict(config),
+        "kills": len(kills),
+        "takeover_ms": percentiles(takeovers, {"p50": 0.5, "p99": 0.99, "max": 1.0}),
+        "taken_over": len(takeovers),
+        "duplicated": duplicated,
+        "lost": lost,
+        "fenced_runs": fenced,
+        "chunks_per_s": round(chunks / seconds, 1),
+        "seconds": round(seconds, 1),
+    }
+    say(f"takeover: {report}")
+    return {"takeover": report}
+
+
+def table(report: dict[str, Any]) -> str:
+    r = report["takeover"]
+    t = r["takeover_ms"]
+    return "\n".join(
+        [
+            "answers  kills  takeover p50/p99/max ms   duplicated  lost  fenced runs  chunks/s",
+            f"{r['config']['generations']:>7} {r['kills']:>6}  {t['p50']} / {t['p99']} / {t['max']:<13} "
+            f"{r['duplicated']:>10} {r['lost']:>5} {r['fenced_runs']:>12} {r['chunks_per_s']:>9}",
+        ]
+    )
