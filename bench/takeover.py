@@ -51,7 +51,8 @@ class _Workers:
     def add(self) -> None:
         worker_id = f"bench-worker-{self._made}"
         self._made += 1
-        command = [sys.executable, "manage.py", "db_worker", "--interval", "0.1", "--worker-id", worker_id]
+        command = [sys.executable, "manage.py", "db_worker", "--interval", "0.1", "--no-reload"]
+        command += ["--worker-id", worker_id]
         self.processes[worker_id] = subprocess.Popen(
             command, cwd=ROOT, env=os.environ.copy(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )

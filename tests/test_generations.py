@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
+import django
+import httpx
 import pytest
 from django.contrib.auth import get_user_model
 
@@ -33,25 +37,19 @@ LEASE = 1.0  # seconds a writer's lease lasts: takeovers within seconds
 class Workers:
     """``manage.py db_worker`` processes, named by their worker ids."""
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, cwd: Path = ROOT, env: dict[str, str] | None = None) -> None:
+        """``count`` workers of the demo (or, given ``cwd`` and ``env``, of another project)."""
         env = {
             **os.environ,
             "DATABASE_URL": subprocess_database_url(),
             "DJANGO_SETTINGS_MODULE": "demo_project.settings",
+            **(env or {}),
         }
+        command = [sys.executable, "manage.py", "db_worker", "--interval", "0.05", "--no-startup-delay", "--no-reload"]
         self.processes = {
             f"worker-{i}": subprocess.Popen(
-                [
-                    sys.executable,
-                    "manage.py",
-                    "db_worker",
-                    "--interval",
-                    "0.05",
-                    "--no-startup-delay",
-                    "--worker-id",
-                    f"worker-{i}",
-                ],
-                cwd=ROOT,
+                [*command, "--worker-id", f"worker-{i}"],
+                cwd=cwd,
                 env=env,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -213,3 +211,62 @@ def test_the_sdk_client_resuming_a_generation_shows_one_message_across_a_kill(
     result = json.loads(client.communicate(timeout=90)[0].splitlines()[-1])
     assert result["status"] == "ready" and [m["role"] for m in result["messages"]] == ["user", "assistant"]
     assert text(result["messages"][1]) == "".join(f"w{i} " for i in range(N))
+
+
+README = ROOT / "README.md"
+
+
+def readme_files() -> dict[str, str]:
+    """The Generations section's blocks, by the file their first line names."""
+    section = README.read_text().split("## Generations", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n# (\S+\.py)[^\n]*\n(.*?)```", section, re.S)
+    return {name: body for name, body in blocks}
+
+
+@pytest.mark.slow
+def test_a_project_made_from_the_readmes_blocks_survives_a_worker_kill(tmp_path) -> None:
+    """startproject, the README's settings, task, view and URL, its worker command: the answer
+    a view started goes on when the worker writing it is killed, and is written once."""
+    from django.db import connection
+    from django_tasks_db.models import DBTaskResult
+
+    from tests.conftest import serving
+    from tests.helpers import free_port
+
+    files = readme_files()
+    assert set(files) == {"myproject/settings.py", "myapp/tasks.py", "myapp/views.py", "myproject/urls.py"}
+    subprocess.run([sys.executable, "-m", "django", "startproject", "myproject", str(tmp_path)], check=True, timeout=60)
+    (tmp_path / "myapp").mkdir()
+    (tmp_path / "myapp" / "__init__.py").write_text("")
+    settings = files.pop("myproject/settings.py")
+    if django.VERSION < (6, 0):  # as the README's comments say
+        settings += 'INSTALLED_APPS += ["django_tasks"]\n'
+        files["myapp/tasks.py"] = files["myapp/tasks.py"].replace(
+            "from django.tasks import", "from django_tasks import"
+        )
+    for name, body in files.items():
+        (tmp_path / name).write_text(body)
+    database = {key: connection.settings_dict[key] for key in ("NAME", "USER", "PASSWORD", "HOST", "PORT")}
+    database["ENGINE"] = "django.db.backends.postgresql"
+    with (tmp_path / "myproject" / "settings.py").open("a") as project_settings:
+        project_settings.write(f"\n{settings}\nDATABASES = {{'default': {database!r}}}\n")
+    env = {"PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "myproject.settings"}
+    port = free_port()
+    server = [sys.executable, "-m", "uvicorn", "myproject.asgi:application", "--port", str(port)]
+    pool = Workers(2, cwd=tmp_path, env=env)
+    try:
+        with serving(server, port, env=env, cwd=tmp_path) as host:
+            csrf = "readmegenerationtestcsrftoken123"
+            answer = httpx.post(
+                f"http://{host}/count/", cookies={"csrftoken": csrf}, headers={"X-CSRFToken": csrf}, timeout=30
+            )
+            assert answer.status_code == 200, answer.text[:300]
+            s = Stream.objects.get(pk=answer.json()["stream"])
+            until(lambda: len(texts(s)) >= 10)
+            running = DBTaskResult.objects.filter(status="RUNNING", args_kwargs__args__0=str(s.id))
+            until(lambda: running.exists())
+            pool.processes[running.get().worker_ids[-1]].kill()
+            until(lambda: closed(s), timeout=60)
+    finally:
+        pool.stop()
+    assert texts(s) == [f"{i} " for i in range(100)] + ["end"]
