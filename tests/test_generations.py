@@ -68,6 +68,18 @@ class Workers:
             time.sleep(0.02)
         raise AssertionError("no worker runs the generation")
 
+    def lose(self, stream: Stream, how: str) -> None:
+        """Lose the worker writing ``stream``: "killed" (SIGKILL), or "stopped" (SIGSTOP until
+        another worker has written five chunks of it, then SIGCONT: its next write is fenced)."""
+        process = self.processes[self.running(stream, time.monotonic() + 10)]
+        if how == "killed":
+            process.kill()
+            return
+        process.send_signal(signal.SIGSTOP)
+        before = len(texts(stream))
+        until(lambda: len(texts(stream)) > before + 5 or closed(stream))
+        process.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
         for process in self.processes.values():
             if process.poll() is None:
@@ -174,9 +186,11 @@ def test_an_ai_sdk_answer_whose_worker_is_killed_is_one_message_written_once(wor
     assert {p["id"] for p in parts if "id" in p} == {"text-1"}
 
 
-def test_websocket_and_sse_readers_see_the_answer_go_on_after_its_worker_is_killed(workers: Workers) -> None:
-    """Readers that follow the answer live while its worker is killed: the answer pauses for the
-    takeover and goes on, every chunk once, in order, none from the killed run twice."""
+@pytest.mark.parametrize("how", ["killed", "stopped"])
+def test_websocket_and_sse_readers_see_the_answer_go_on_after_its_worker_is_lost(workers: Workers, how: str) -> None:
+    """Readers that follow the answer live while its worker is killed, or stopped past its lease
+    and continued: the answer pauses for the takeover and goes on, every chunk once, in order,
+    none from the lost run twice."""
     from bench import catchup
     from tests.conftest import open_server
 
@@ -186,28 +200,31 @@ def test_websocket_and_sse_readers_see_the_answer_go_on_after_its_worker_is_kill
         with ThreadPoolExecutor(2) as readers:
             read = {kind: readers.submit(catchup.READERS[kind], base, str(s.id)) for kind in catchup.TRANSPORTS}
             until(lambda: len(texts(s)) >= 10)
-            workers.processes[workers.running(s, time.monotonic() + 10)].kill()
+            workers.lose(s, how)
             until(lambda: closed(s))
             offsets = {kind: future.result(timeout=60) for kind, future in read.items()}
     assert texts(s) == WHOLE
     assert offsets == {kind: list(range(len(WHOLE))) for kind in catchup.TRANSPORTS}
 
 
+@pytest.mark.parametrize("how", ["killed", "stopped"])
 @pytest.mark.parametrize("route", ["ui-message-stream", "durable-streams"])
-def test_the_sdk_client_resuming_a_generation_shows_one_message_across_a_kill(
-    workers: Workers, demo_server: str, route: str
+def test_the_sdk_client_resuming_a_generation_shows_one_message_across_a_lost_worker(
+    workers: Workers, demo_server: str, route: str, how: str
 ) -> None:
     """The AI SDK's own client (Node), resuming the chat's answer as a page does, with either
-    transport, while the answer's worker is killed: one assistant message, every word once."""
+    transport, while the answer's worker is killed, or stopped past its lease and continued:
+    one assistant message, every word once."""
     from tests.test_aisdk import ROUTES, signed_in, start, text
 
     user = get_user_model().objects.create_user("generation-user")
-    s = aisdk.start_generation(answer, N, DELAY, lease=LEASE, stream={"owner": user, "path": f"chat/gen-{route}"})
+    path = f"chat/gen-{route}-{how}"
+    s = aisdk.start_generation(answer, N, DELAY, lease=LEASE, stream={"owner": user, "path": path})
     Conversation.objects.create(user=user, prompt="count", stream=s, chat_id="generation")
     prompt = {"id": "prompt", "role": "user", "parts": [{"type": "text", "text": "count"}]}
     client = start(demo_server, {**signed_in(user), **ROUTES[route]}, "generation", "resume", messages=[prompt])
     until(lambda: len(texts(s)) >= 10)
-    workers.processes[workers.running(s, time.monotonic() + 10)].kill()
+    workers.lose(s, how)
     result = json.loads(client.communicate(timeout=90)[0].splitlines()[-1])
     assert result["status"] == "ready" and [m["role"] for m in result["messages"]] == ["user", "assistant"]
     assert text(result["messages"][1]) == "".join(f"w{i} " for i in range(N))
