@@ -23,7 +23,9 @@ reads do. A response at its answer's tail counts silence in whole intervals (``d
 so a generation whose process died leaves no client of ``response`` waiting more than ``LEASE`` +
 2 x ``HEARTBEAT`` seconds after its last renewal (one of the Durable Streams endpoint, ``LEASE`` +
 twice its keep-alive interval), and an answer no writer took, no more than its queue timeout + 2 x
-``HEARTBEAT`` after its creation.
+``HEARTBEAT`` after its creation. An answer made with ``start_generation`` is a generation
+(``generations``): its task writes it with ``generate``, and its readers leave it, past its lease,
+to another run of the task, which goes on in the same message.
 
 Not here: conversations and which answer is a chat's latest (the project's models, as in the
 SDK's own examples), calling models, and who may read an answer (the project's view decides
