@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 class TakeoverConfig:
     generations: int = 100  # answers in flight at once
     kills: int = 20
-    chunks: int = 200  # per answer
-    delay: float = 0.05  # seconds between two chunks of an answer
+    chunks: int = 100  # per answer
+    delay: float = 0.2  # seconds between two chunks of an answer: 5 a second, a model's pace
     lease: float = 2.0  # seconds; the takeover comes this long after a writer's last renewal, and about 1 s
     spare: int = 10  # workers beyond one per answer, for the takeovers
 
@@ -51,7 +51,7 @@ class _Workers:
     def add(self) -> None:
         worker_id = f"bench-worker-{self._made}"
         self._made += 1
-        command = [sys.executable, "manage.py", "db_worker", "--interval", "0.1", "--no-reload"]
+        command = [sys.executable, "manage.py", "db_worker", "--interval", "0.5", "--no-reload"]
         command += ["--worker-id", worker_id]
         self.processes[worker_id] = subprocess.Popen(
             command, cwd=ROOT, env=os.environ.copy(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -71,6 +71,7 @@ class _Workers:
 def run_takeover(config: TakeoverConfig, say: Callable[[str], None] = print) -> dict[str, Any]:
     from django_tasks_db.models import DBTaskResult
 
+    _clean()  # what a run that failed left: its answers would be taken over again
     workers = _Workers(config.generations + config.spare)
     expected = [f"{i} " for i in range(config.chunks)] + ["end"]
     kills: list[tuple[str, float]] = []
@@ -91,8 +92,12 @@ def run_takeover(config: TakeoverConfig, say: Callable[[str], None] = print) -> 
         began = time.monotonic()
         say(f"takeover: {config.generations} answers of {config.chunks} chunks, {len(workers.processes)} workers")
         deadline = began + 600
+        # Kills spread over the answers' writing time, while some are being written.
+        pause = config.chunks * config.delay / (config.kills + 1)
         while len(kills) < config.kills and time.monotonic() < deadline:  # bounded
-            time.sleep(random.uniform(0.1, 0.5))
+            time.sleep(random.uniform(0.5, 1.5) * pause)
+            if not Stream.objects.filter(id__in=ids, closed_at__isnull=True).exists():
+                break
             running = [
                 (result.args_kwargs["args"][0], result.worker_ids[-1])
                 for result in DBTaskResult.objects.filter(status="RUNNING")
@@ -127,8 +132,7 @@ def run_takeover(config: TakeoverConfig, say: Callable[[str], None] = print) -> 
         lost += len(set(expected) - set(got))
     fenced = DBTaskResult.objects.filter(args_kwargs__args__0__in=list(ids), return_value="ProducerFenced").count()
     chunks = Chunk.objects.filter(stream__in=streams).count()
-    DBTaskResult.objects.filter(args_kwargs__args__0__in=list(ids)).delete()
-    Stream.objects.filter(label=LABEL).delete()
+    _clean()
     report = {
         "config": asdict(config),
         "kills": len(kills),
@@ -142,6 +146,14 @@ def run_takeover(config: TakeoverConfig, say: Callable[[str], None] = print) -> 
     }
     say(f"takeover: {report}")
     return {"takeover": report}
+
+
+def _clean() -> None:
+    """Delete the benchmark's answers and their tasks."""
+    from django_tasks_db.models import DBTaskResult
+
+    DBTaskResult.objects.filter(task_path=count.module_path).delete()
+    Stream.objects.filter(label=LABEL).delete()
 
 
 def table(report: dict[str, Any]) -> str:
