@@ -8,10 +8,8 @@ themselves fenced, and the answers' chunks per second over the run."""
 from __future__ import annotations
 
 import datetime
-import os
 import random
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -20,6 +18,7 @@ from typing import Any
 
 from django.db.models import Min
 
+from demo_project.workers import start_worker
 from pgstreams import generations
 from pgstreams.models import Chunk, Stream
 
@@ -51,11 +50,7 @@ class _Workers:
     def add(self) -> None:
         worker_id = f"bench-worker-{self._made}"
         self._made += 1
-        command = [sys.executable, "manage.py", "db_worker", "--interval", "0.5", "--no-reload"]
-        command += ["--worker-id", worker_id]
-        self.processes[worker_id] = subprocess.Popen(
-            command, cwd=ROOT, env=os.environ.copy(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        self.processes[worker_id] = start_worker(worker_id, interval=0.5)
 
     def kill(self, worker_id: str) -> None:
         self.processes.pop(worker_id).kill()

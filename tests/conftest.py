@@ -22,7 +22,7 @@ from django.db import connection, connections
 from django.db.backends.base.creation import TEST_DATABASE_PREFIX
 
 from bench.servers import SERVERS, server_command
-from pgstreams import appender, listener, notify, threads
+from pgstreams import appender, generations, listener, notify, threads
 from tests.helpers import ROOT, free_port, in_thread, subprocess_database_url
 
 
@@ -33,6 +33,7 @@ def _stop_background_threads(django_db_setup: None, django_db_blocker) -> Iterat
     connects to none), and fail the session if anything else is still connected to it: the drop
     would fail on it, and something would have leaked."""
     yield
+    generations.stop_takeovers()  # started by any generation a test started, through a view too
     listener.stop_listener()
     appender.stop_appenders()  # before the flusher: its last batch announces through it
     notify.stop_flusher()
@@ -145,13 +146,21 @@ def serving(
             proc.wait(10)
 
 
+@contextlib.contextmanager
+def demo(workers: int = 2) -> Iterator[str]:
+    """``manage.py demo`` (daphne, and its ``workers`` model workers) on a free loopback port,
+    against the test database, until the block ends; yields its host:port."""
+    port = free_port()
+    command = [sys.executable, "manage.py", "demo", "--addrport", f"127.0.0.1:{port}", "--workers", str(workers)]
+    with serving(command, port, first_line="pgstreams demo on http://127.0.0.1") as host:
+        yield host
+
+
 @pytest.fixture(scope="module")
 def demo_process(django_db_setup: None) -> Iterator[str]:
-    """``manage.py demo`` (daphne) on a free loopback port, against the test database; one per
-    module (a server keeps no state a test relies on: it reads the database afresh)."""
-    port = free_port()
-    command = [sys.executable, "manage.py", "demo", "--addrport", f"127.0.0.1:{port}"]
-    with serving(command, port, first_line="pgstreams demo on http://127.0.0.1") as host:
+    """The demo on a free loopback port, against the test database; one per module (a server
+    keeps no state a test relies on: it reads the database afresh)."""
+    with demo() as host:
         yield host
 
 

@@ -12,6 +12,7 @@ import contextlib
 import os
 import select
 import shutil
+import signal
 import socket
 import subprocess
 import threading
@@ -28,6 +29,7 @@ from django.db import connection, connections
 from psycopg.conninfo import make_conninfo
 
 import pgstreams
+from demo_project.workers import start_worker
 from pgstreams import notify
 from pgstreams.types import Mark
 
@@ -318,3 +320,44 @@ def response_head(sock: socket.socket) -> bytes:
             break
         head += part
     return head
+
+
+def running_worker(stream_id: Any, timeout: float = 10.0) -> str:
+    """The id of the ``db_worker`` running the generation of stream ``stream_id`` now, as the
+    task's result records it; waits (bounded) for one to start it."""
+    from django_tasks_db.models import DBTaskResult
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:  # bounded
+        result = DBTaskResult.objects.filter(status="RUNNING", args_kwargs__args__0=str(stream_id)).first()
+        if result is not None and result.worker_ids:
+            return result.worker_ids[-1]
+        time.sleep(0.02)
+    raise AssertionError(f"no worker runs the generation of stream {stream_id}")
+
+
+class Workers:
+    """``manage.py db_worker`` processes, named by their worker ids."""
+
+    def __init__(self, count: int, cwd: Path = ROOT, env: dict[str, str] | None = None) -> None:
+        """``count`` workers of the demo (or, given ``cwd`` and ``env``, of another project)."""
+        env = {
+            **os.environ,
+            "DATABASE_URL": subprocess_database_url(),
+            "DJANGO_SETTINGS_MODULE": "demo_project.settings",
+            **(env or {}),
+        }
+        self.processes = {
+            f"worker-{i}": start_worker(f"worker-{i}", interval=0.05, env=env, cwd=cwd) for i in range(count)
+        }
+
+    def running(self, stream: Any) -> subprocess.Popen[bytes]:
+        """The worker running ``stream``'s generation now."""
+        return self.processes[running_worker(stream.id)]
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGCONT)
+                process.kill()
+            process.wait(10)

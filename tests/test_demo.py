@@ -14,12 +14,14 @@ import threading
 import warnings
 from pathlib import Path
 
+import psutil
 import pytest
 import websockets
 
 import pgstreams
 from demo_project.chat import llm
-from tests.helpers import ROOT, in_thread, subprocess_database_url
+from pgstreams.models import Stream
+from tests.helpers import ROOT, in_thread, running_worker, subprocess_database_url
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess]
 
@@ -108,6 +110,37 @@ def test_the_chat_page_streams_an_answer_that_survives_a_reload(demo_server: str
     shown = page.eval_on_selector("#answer", "el => el.textContent")
     assert shown == expected  # the whole answer, exactly once
     assert page.inner_text("#status") == f"done · {len(llm.answer(prompt))} tokens"
+
+
+def test_a_model_worker_killed_mid_answer_is_replaced_and_the_page_shows_the_answer_once(demo_server, page) -> None:
+    """The demo's answers are written by its workers: SIGKILL the one writing, and the page goes
+    on to the whole answer, once, after the takeover; the demo starts a worker in its place."""
+    prompt = "What if the worker writing this dies?"
+    expected = "".join(llm.answer(prompt))
+    sign_in_and_ask(page, demo_server, prompt)
+    page.wait_for_function("document.getElementById('answer').textContent.length > 20")
+    stream = latest_stream()
+    worker = in_thread(running_worker, stream.id)
+    pool = worker.rsplit("-", 1)[0]  # demo-<its pid>
+    before = demo_workers(pool)
+    (victim,) = [p for p in before if worker in p.cmdline()]
+    victim.kill()
+    killed_at = len(answer_of(page))
+    page.wait_for_selector("#status[data-state=done]", timeout=30_000)
+    assert answer_of(page) == expected and killed_at < len(expected)
+    assert in_thread(lambda: Stream.objects.get(pk=stream.pk).metadata["pgstreams_generation"]["attempt"]) == 2
+    after = demo_workers(pool)
+    assert len(after) == len(before) == 2 and victim not in after
+
+
+def demo_workers(prefix: str) -> list[psutil.Process]:
+    """The running ``db_worker`` processes whose worker ids start with ``prefix``."""
+    found = []
+    for process in psutil.process_iter(["cmdline", "status"]):
+        arguments = process.info["cmdline"] or []
+        if process.info["status"] != psutil.STATUS_ZOMBIE and any(a.startswith(f"{prefix}-") for a in arguments):
+            found.append(process)
+    return found
 
 
 def test_the_admin_stream_page_tails_an_open_stream(demo_server: str, page) -> None:
@@ -214,7 +247,7 @@ def test_stop_ends_the_answer_for_every_reader_and_the_generator_with_it(demo_se
     page.wait_for_timeout(500)  # 15 token intervals at 30 tokens/s
     stream = latest_stream()
     assert stream.next_offset == written < len(tokens)  # the generator wrote nothing after the stop
-    assert stream.is_closed and stream.metadata == {"stopped": True}
+    assert stream.is_closed and stream.metadata["stopped"] is True
     assert stopped == "".join(tokens[:written])
     page.reload()
     page.wait_for_selector("#status[data-state=stopped]")

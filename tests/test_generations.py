@@ -5,7 +5,6 @@ generation whose every attempt dies; each answer written whole, once, by one wri
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -13,7 +12,6 @@ import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import django
 import httpx
@@ -25,7 +23,8 @@ from bench.tasks import answer, count
 from demo_project.chat.models import Conversation
 from pgstreams import aisdk, generations
 from pgstreams.models import Chunk, Stream
-from tests.helpers import ROOT, subprocess_database_url
+from tests.conftest import demo, open_server, serving
+from tests.helpers import ROOT, Workers
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess]
 
@@ -34,58 +33,11 @@ DELAY = 0.05  # seconds between two of them
 LEASE = 1.0  # seconds a writer's lease lasts: takeovers within seconds
 
 
-class Workers:
-    """``manage.py db_worker`` processes, named by their worker ids."""
-
-    def __init__(self, count: int, cwd: Path = ROOT, env: dict[str, str] | None = None) -> None:
-        """``count`` workers of the demo (or, given ``cwd`` and ``env``, of another project)."""
-        env = {
-            **os.environ,
-            "DATABASE_URL": subprocess_database_url(),
-            "DJANGO_SETTINGS_MODULE": "demo_project.settings",
-            **(env or {}),
-        }
-        command = [sys.executable, "manage.py", "db_worker", "--interval", "0.05", "--no-startup-delay", "--no-reload"]
-        self.processes = {
-            f"worker-{i}": subprocess.Popen(
-                [*command, "--worker-id", f"worker-{i}"],
-                cwd=cwd,
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            for i in range(count)
-        }
-
-    def running(self, stream: Stream, deadline: float) -> str:
-        """The id of the worker running ``stream``'s generation now."""
-        from django_tasks_db.models import DBTaskResult
-
-        while time.monotonic() < deadline:  # bounded
-            result = DBTaskResult.objects.filter(status="RUNNING", args_kwargs__args__0=str(stream.id)).first()
-            if result is not None and result.worker_ids:
-                return result.worker_ids[-1]
-            time.sleep(0.02)
-        raise AssertionError("no worker runs the generation")
-
-    def lose(self, stream: Stream, how: str) -> None:
-        """Lose the worker writing ``stream``: "killed" (SIGKILL), or "stopped" (SIGSTOP until
-        another worker has written five chunks of it, then SIGCONT: its next write is fenced)."""
-        process = self.processes[self.running(stream, time.monotonic() + 10)]
-        if how == "killed":
-            process.kill()
-            return
-        process.send_signal(signal.SIGSTOP)
-        before = len(texts(stream))
-        until(lambda: len(texts(stream)) > before + 5 or closed(stream))
-        process.send_signal(signal.SIGCONT)
-
-    def stop(self) -> None:
-        for process in self.processes.values():
-            if process.poll() is None:
-                process.send_signal(signal.SIGCONT)
-                process.kill()
-            process.wait(10)
+@pytest.fixture(scope="module")
+def demo_process(django_db_setup: None) -> Iterator[str]:
+    """The demo without model workers of its own: these tests start theirs, to lose them."""
+    with demo(workers=0) as host:
+        yield host
 
 
 @pytest.fixture
@@ -115,14 +67,27 @@ def closed(stream: Stream) -> bool:
     return Stream.objects.get(pk=stream.pk).closed_at is not None
 
 
+def lose(workers: Workers, stream: Stream, how: str) -> None:
+    """Lose the worker writing ``stream``: "killed" (SIGKILL), or "stopped" (SIGSTOP until
+    another worker has written five chunks of it, then SIGCONT: its next write is fenced)."""
+    process = workers.running(stream)
+    if how == "killed":
+        process.kill()
+        return
+    process.send_signal(signal.SIGSTOP)
+    before = len(texts(stream))
+    until(lambda: len(texts(stream)) > before + 5 or closed(stream))
+    process.send_signal(signal.SIGCONT)
+
+
 WHOLE = [f"{i} " for i in range(N)] + ["end"]
 
 
 def test_a_worker_killed_mid_answer_is_taken_over_and_the_answer_written_once(workers: Workers) -> None:
     s = generations.start(count, N, DELAY, last="failed", lease=LEASE)
     until(lambda: len(texts(s)) >= 10)
-    victim = workers.running(s, time.monotonic() + 10)
-    workers.processes[victim].kill()
+    victim = workers.running(s)
+    victim.kill()
     killed_at, before = time.monotonic(), len(texts(s))
     until(lambda: len(texts(s)) > before)
     took = time.monotonic() - killed_at
@@ -134,11 +99,11 @@ def test_a_worker_killed_mid_answer_is_taken_over_and_the_answer_written_once(wo
 def test_a_worker_stopped_past_its_lease_is_fenced_when_it_goes_on(workers: Workers) -> None:
     s = generations.start(count, N, DELAY, last="failed", lease=LEASE)
     until(lambda: len(texts(s)) >= 10)
-    victim = workers.running(s, time.monotonic() + 10)
-    workers.processes[victim].send_signal(signal.SIGSTOP)
+    victim = workers.running(s)
+    victim.send_signal(signal.SIGSTOP)
     before = len(texts(s))
     until(lambda: len(texts(s)) > before + 5)  # another worker took it and goes on
-    workers.processes[victim].send_signal(signal.SIGCONT)  # its next write is refused
+    victim.send_signal(signal.SIGCONT)  # its next write is refused
     until(lambda: closed(s))
     time.sleep(3 * DELAY)
     assert texts(s) == WHOLE
@@ -147,8 +112,8 @@ def test_a_worker_stopped_past_its_lease_is_fenced_when_it_goes_on(workers: Work
 def test_a_stop_during_the_takeover_ends_the_answer(workers: Workers) -> None:
     s = generations.start(count, N, DELAY, last="failed", lease=LEASE)
     until(lambda: len(texts(s)) >= 5)
-    victim = workers.running(s, time.monotonic() + 10)
-    workers.processes[victim].kill()
+    victim = workers.running(s)
+    victim.kill()
     stopped = pgstreams.append(s.id, "stopped", close=True)
     time.sleep(3 * LEASE)  # no attempt writes to an ended answer
     assert texts(s)[-1] == "stopped" and texts(s)[stopped] == "stopped"
@@ -177,7 +142,7 @@ def test_readers_leave_a_generation_whose_lease_ran_out_to_its_takeover() -> Non
 def test_an_ai_sdk_answer_whose_worker_is_killed_is_one_message_written_once(workers: Workers) -> None:
     s = aisdk.start_generation(answer, N, DELAY, lease=LEASE)
     until(lambda: len(texts(s)) >= 10)
-    workers.processes[workers.running(s, time.monotonic() + 10)].kill()
+    workers.running(s).kill()
     until(lambda: closed(s))
     parts = [json.loads(chunk) for chunk in texts(s)]
     kinds = [p["type"] for p in parts]
@@ -192,7 +157,6 @@ def test_websocket_and_sse_readers_see_the_answer_go_on_after_its_worker_is_lost
     and continued: the answer pauses for the takeover and goes on, every chunk once, in order,
     none from the lost run twice."""
     from bench import catchup
-    from tests.conftest import open_server
 
     with open_server("daphne") as host:
         base = f"http://{host}"
@@ -200,7 +164,7 @@ def test_websocket_and_sse_readers_see_the_answer_go_on_after_its_worker_is_lost
         with ThreadPoolExecutor(2) as readers:
             read = {kind: readers.submit(catchup.READERS[kind], base, str(s.id)) for kind in catchup.TRANSPORTS}
             until(lambda: len(texts(s)) >= 10)
-            workers.lose(s, how)
+            lose(workers, s, how)
             until(lambda: closed(s))
             offsets = {kind: future.result(timeout=60) for kind, future in read.items()}
     assert texts(s) == WHOLE
@@ -224,7 +188,7 @@ def test_the_sdk_client_resuming_a_generation_shows_one_message_across_a_lost_wo
     prompt = {"id": "prompt", "role": "user", "parts": [{"type": "text", "text": "count"}]}
     client = start(demo_server, {**signed_in(user), **ROUTES[route]}, "generation", "resume", messages=[prompt])
     until(lambda: len(texts(s)) >= 10)
-    workers.lose(s, how)
+    lose(workers, s, how)
     result = json.loads(client.communicate(timeout=90)[0].splitlines()[-1])
     assert result["status"] == "ready" and [m["role"] for m in result["messages"]] == ["user", "assistant"]
     assert text(result["messages"][1]) == "".join(f"w{i} " for i in range(N))
@@ -247,7 +211,6 @@ def test_a_project_made_from_the_readmes_blocks_survives_a_worker_kill(tmp_path)
     from django.db import connection
     from django_tasks_db.models import DBTaskResult
 
-    from tests.conftest import serving
     from tests.helpers import free_port
 
     files = readme_files()

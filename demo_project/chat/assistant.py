@@ -4,8 +4,8 @@ shows one, several prompts and answers), and the endpoints ``DefaultChatTranspor
 of ``ai/chat/<id>/stream`` resumes the chat's latest answer (204 if it has none), and a POST to
 ``ai/chat/<id>/stop`` ends the answer being written. ``ai/durable/chat`` is the same for
 ``@durable-streams/aisdk-transport``: its POST and GET answer where the Durable Streams endpoint
-serves the answer. Each prompt is a ``Conversation`` of the chat, its answer a stream written by
-``pgstreams.aisdk``."""
+serves the answer. Each prompt is a ``Conversation`` of the chat, its answer a generation written by a
+worker (``tasks.answer_parts``)."""
 
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ from django.views.decorators.http import require_GET, require_POST
 from pgstreams import aisdk, leases
 from pgstreams.models import Chunk
 
-from . import llm
+from . import tasks
 from .models import Conversation
-from .views import MAX_PROMPT
+from .views import LEASE, MAX_PROMPT
 
 CHAT_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
@@ -128,9 +128,13 @@ async def _start(request: HttpRequest) -> Conversation | HttpResponse:
 def _new_turn(user: Any, chat_id: str, prompt: str) -> Conversation:
     with transaction.atomic():
         # A path too: @durable-streams/aisdk-transport reads the answer there.
-        stream = aisdk.create_answer(owner=user, label=prompt[:200], path=f"chat/{uuid.uuid4().hex}")
+        stream = aisdk.start_generation(
+            tasks.answer_parts,
+            prompt,
+            lease=LEASE,
+            stream={"owner": user, "label": prompt[:200], "path": f"chat/{uuid.uuid4().hex}"},
+        )
         turn = Conversation.objects.create(user=user, prompt=prompt, stream=stream, chat_id=chat_id)
-        transaction.on_commit(lambda: llm.start(stream.id, prompt, parts=True))
     return turn
 
 

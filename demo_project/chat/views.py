@@ -13,12 +13,16 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 import pgstreams
+from pgstreams import generations
 from pgstreams.models import Stream
 
-from . import llm
+from . import tasks
 from .models import Conversation
 
 MAX_PROMPT = 2000
+# Seconds a worker may go silent before its answer is taken over: short, so that killing a worker
+# shows the answer going on within a few seconds (a deployment keeps generations.LEASE, 10 s).
+LEASE = 3.0
 
 
 @login_required
@@ -33,11 +37,16 @@ def index(request: HttpRequest) -> HttpResponse:
             error = f"Prompts are at most {MAX_PROMPT} characters."
         else:
             with transaction.atomic():
-                # A path too: the official Durable Streams client reads the answer there.
-                path = f"chat/{uuid.uuid4().hex}"
-                stream = pgstreams.create_stream(owner=request.user, label=prompt[:200], path=path)
+                # The answer's stream and the task that writes it; a path too: the official
+                # Durable Streams client reads the answer there.
+                stream = generations.start(
+                    tasks.answer_tokens,
+                    prompt,
+                    last=tasks.LOST,
+                    lease=LEASE,
+                    stream={"owner": request.user, "label": prompt[:200], "path": f"chat/{uuid.uuid4().hex}"},
+                )
                 conversation = Conversation.objects.create(user=request.user, prompt=prompt, stream=stream)
-                transaction.on_commit(lambda: llm.start(stream.id, prompt))
             return redirect("chat:conversation", pk=conversation.pk)
     conversations = Conversation.objects.filter(user=request.user).select_related("stream")[:50]
     return render(request, "chat/index.html", {"conversations": conversations, "error": error})

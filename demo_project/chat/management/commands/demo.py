@@ -1,8 +1,10 @@
-"""``manage.py demo``: migrate, make sure the demo user exists, and serve the demo with daphne;
+"""``manage.py demo``: migrate, make sure the demo user exists, start the model's workers (two
+``db_worker`` processes) and serve the demo with daphne, stopping the workers when it stops;
 ``manage.py demo --stop-database`` stops the embedded PostgreSQL that it leaves running."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from django.conf import settings
@@ -10,6 +12,10 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+
+from demo_project.workers import Pool
+
+WORKERS = 2
 
 
 def ensure_demo_user() -> None:
@@ -32,17 +38,23 @@ def parse_addrport(addrport: str) -> tuple[str, int]:
 
 
 class Command(BaseCommand):
-    help = "Run the pgstreams chat demo: migrate, create the demo user, serve with daphne."
+    help = "Run the pgstreams chat demo: migrate, create the demo user, start two model workers, serve with daphne."
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--addrport", default="127.0.0.1:8000", help="where to listen (default 127.0.0.1:8000)")
+        parser.add_argument(
+            "--workers",
+            type=int,
+            default=WORKERS,
+            help=f"model workers to start (default {WORKERS}; 0: run your own, manage.py db_worker)",
+        )
         parser.add_argument(
             "--stop-database",
             action="store_true",
             help="stop the embedded PostgreSQL in .pgdata/ that the demo and the tests leave running, and exit",
         )
 
-    def handle(self, *args: Any, addrport: str, stop_database: bool, **options: Any) -> None:
+    def handle(self, *args: Any, addrport: str, workers: int, stop_database: bool, **options: Any) -> None:
         if stop_database:
             self.stop_database()
             return
@@ -52,6 +64,8 @@ class Command(BaseCommand):
         from bench.servers import daphne_endpoint  # with a backlog for a thousand reconnecting browsers
 
         host, port = parse_addrport(addrport)
+        if workers < 0:
+            raise CommandError(f"--workers must be 0 (to run your own) or more, not {workers}")
         call_command("migrate", interactive=False, verbosity=0)
         ensure_demo_user()
         shown = f"[{host}]" if ":" in host else host
@@ -59,12 +73,23 @@ class Command(BaseCommand):
             f"pgstreams demo on http://{shown}:{port}/ - sign in as "
             f"{settings.DEMO_USERNAME} / {settings.DEMO_PASSWORD}; Ctrl-C stops it."
         )
+        # Named after this process, so that two demos' workers (and the tests') are told apart.
+        pool = Pool(workers, f"demo-{os.getpid()}", self._say)
+        if workers:
+            self.stdout.write("kill a model worker mid-answer (kill -9 PID): another goes on with the answer.")
         self.stdout.flush()
-        Server(
-            application=get_default_application(),
-            endpoints=[daphne_endpoint(host, port)],
-            server_name="pgstreams-demo",
-        ).run()
+        try:
+            Server(
+                application=get_default_application(),
+                endpoints=[daphne_endpoint(host, port)],
+                server_name="pgstreams-demo",
+            ).run()
+        finally:
+            pool.stop()
+
+    def _say(self, line: str) -> None:
+        self.stdout.write(line)
+        self.stdout.flush()
 
     def stop_database(self) -> None:
         from demo_project.database import PGDATA, stop_embedded
