@@ -1,6 +1,7 @@
 """The benchmark's takeover mode (``--takeover``): generations (``pgstreams.generations``) in flight
 on django-tasks-db's workers (``manage.py db_worker`` processes, one task each at a time), workers
-writing them killed with SIGKILL at random moments and replaced. Per kill: the takeover time, from
+writing them killed with SIGKILL at random moments; a spare worker per kill takes the answer over
+(none is started during the run: a Django process starting takes a CPU for a second). Per kill: the takeover time, from
 the kill to the next chunk of the answer that worker was writing. At the end, every answer
 compared with what one uninterrupted run writes (chunks duplicated, lost), the runs that found
 themselves fenced, and the answers' chunks per second over the run."""
@@ -8,14 +9,16 @@ themselves fenced, and the answers' chunks per second over the run."""
 from __future__ import annotations
 
 import datetime
+import os
 import random
 import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
+import psutil
+from django.db import connection
 from django.db.models import Min
 
 from demo_project.workers import start_worker
@@ -25,8 +28,6 @@ from pgstreams.models import Chunk, Stream
 from .run import LABEL, percentiles
 from .tasks import count
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 @dataclass
 class TakeoverConfig:
@@ -35,31 +36,39 @@ class TakeoverConfig:
     chunks: int = 100  # per answer
     delay: float = 0.2  # seconds between two chunks of an answer: 5 a second, a model's pace
     lease: float = 2.0  # seconds; the takeover comes this long after a writer's last renewal, and about 1 s
-    spare: int = 10  # workers beyond one per answer, for the takeovers
 
 
 class _Workers:
-    """``db_worker`` processes by worker id; a killed one is replaced by a new one."""
+    """``db_worker`` processes by worker id, those alive in ``processes``."""
 
     def __init__(self, count: int) -> None:
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}
-        self._made = 0
-        for _ in range(count):
-            self.add()
+        self.processes = {f"bench-worker-{i}": start_worker(f"bench-worker-{i}", interval=0.5) for i in range(count)}
+        self._killed: list[subprocess.Popen[bytes]] = []
 
-    def add(self) -> None:
-        worker_id = f"bench-worker-{self._made}"
-        self._made += 1
-        self.processes[worker_id] = start_worker(worker_id, interval=0.5)
+    def wait_started(self, timeout: float = 300) -> None:
+        """Wait until the workers have started and only poll for tasks, using under half the
+        machine's CPUs together: starting a hundred Django processes takes every CPU for a
+        while, which the measurement must not include."""
+        processes = [psutil.Process(p.pid) for p in self.processes.values()]
+        deadline = time.monotonic() + timeout
+        used = sum(sum(p.cpu_times()[:2]) for p in processes)
+        while time.monotonic() < deadline:  # bounded
+            time.sleep(1)
+            now = sum(sum(p.cpu_times()[:2]) for p in processes)
+            if now - used < (os.cpu_count() or 1) / 2:
+                return
+            used = now
+        raise RuntimeError(f"the {len(processes)} workers were still busy starting after {timeout:.0f} s")
 
     def kill(self, worker_id: str) -> None:
-        self.processes.pop(worker_id).kill()
-        self.add()
+        process = self.processes.pop(worker_id)
+        process.kill()
+        self._killed.append(process)
 
     def stop(self) -> None:
         for process in self.processes.values():
             process.kill()
-        for process in self.processes.values():
+        for process in [*self.processes.values(), *self._killed]:
             process.wait(30)
 
 
@@ -67,10 +76,11 @@ def run_takeover(config: TakeoverConfig, say: Callable[[str], None] = print) -> 
     from django_tasks_db.models import DBTaskResult
 
     _clean()  # what a run that failed left: its answers would be taken over again
-    workers = _Workers(config.generations + config.spare)
+    workers = _Workers(config.generations + config.kills)
     expected = [f"{i} " for i in range(config.chunks)] + ["end"]
     kills: list[tuple[str, float]] = []
     try:
+        workers.wait_started()
         streams = [
             generations.start(
                 count,
@@ -112,7 +122,7 @@ def run_takeover(config: TakeoverConfig, say: Callable[[str], None] = print) -> 
         seconds = time.monotonic() - began
     finally:
         workers.stop()
-        generations.stop_takeovers()
+        generations.stop_thread()
     takeovers = []
     for stream_id, at in kills:
         first = Chunk.objects.filter(
@@ -141,6 +151,32 @@ def run_takeover(config: TakeoverConfig, say: Callable[[str], None] = print) -> 
     }
     say(f"takeover: {report}")
     return {"takeover": report}
+
+
+# A worker writing a generation holds Django's connection, its appender's, its flusher's and its
+# generations thread's.
+WORKER_CONNECTIONS = 4
+
+
+def connections_problem(config: TakeoverConfig) -> str | None:
+    """Why the server's max_connections cannot hold the run's workers, if it cannot: workers that
+    cannot connect fail their renewals and appends, which would be measured as takeovers."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT current_setting('max_connections')::int"
+            " - coalesce(current_setting('reserved_connections', true), '0')::int"  # PostgreSQL 16 on
+            " - current_setting('superuser_reserved_connections')::int"
+        )
+        allowed = cursor.fetchone()[0]
+    workers = config.generations + config.kills
+    needed = workers * WORKER_CONNECTIONS + 10
+    if needed <= allowed:
+        return None
+    return (
+        f"{workers} workers need about {needed} connections ({WORKER_CONNECTIONS} each) and the server allows "
+        f"{allowed}: raise max_connections (ALTER SYSTEM SET max_connections = {needed + 20}, then restart the "
+        "server) or ask for fewer --generations"
+    )
 
 
 def _clean() -> None:

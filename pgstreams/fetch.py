@@ -161,7 +161,9 @@ def pages_from_rows(keys: list[Key], rows: list[tuple[Any, ...]]) -> dict[Key, P
         if offset is None or page.pruned_to is not None:
             continue
         if offset == key[1] + len(page.chunks):
-            page.chunks.append(StreamChunk(key[0], offset, blob if data is None else data, created_at))
+            value = blob if data is None else data
+            page.chunks.append(StreamChunk(key[0], offset, value, created_at))
+            page.data += len(value)
         elif not page.chunks:
             page.pruned_to = offset  # offsets are the truth: never hand a chunk out under another
     for (_, from_offset), page in pages.items():

@@ -7,13 +7,14 @@ without its task, nor a task without its stream (the task backend must keep its 
 lock it takes a new producer epoch, so that an earlier writer of the stream that is only paused
 (a stopped process, a long pause, a partition) is fenced, its writes refused and never stored;
 it gets the chunks stored so far, to go on from there; and the ``Taken`` it returns keeps a
-lease on the stream, renewed by a thread of its own, while the task writes through it.
+lease on the stream while the task writes through it.
 
-A generation whose lease runs out is taken over: the takeover thread of any process that started
-or took a generation finds it (``FOR UPDATE SKIP LOCKED``: one process, once), counts an attempt
-and enqueues the task again, in one transaction, the lease then counting the time the task may
-wait for a worker. After its last attempt a generation ends with its ``last`` chunk. A closed
-stream (finished, stopped) is never taken nor taken over.
+Each process that started or took a generation runs one generations thread, on one connection:
+it renews the leases of the generations the process writes, and looks for generations whose
+lease ran out. The first to look takes one over (``FOR UPDATE SKIP LOCKED``: one process, once):
+it counts an attempt and enqueues the task again, in one transaction, the lease then counting
+the time the task may wait for a worker. After its last attempt a generation ends with its
+``last`` chunk. A closed stream (finished, stopped) is never taken nor taken over.
 
 Not here: what the task writes (the project's), running the tasks (the task backend's workers),
 and who may read the stream.
@@ -26,7 +27,9 @@ import logging
 import math
 import random
 import threading
+import time
 import uuid
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Final
 
@@ -52,7 +55,7 @@ TAKEOVER_INTERVAL: Final = 1.0  # seconds between a process's looks for generati
 
 # Open generations whose lease has run out, locked by this process only (another skips them).
 _EXPIRED_SQL: Final = (
-    "SELECT id, metadata->'pgstreams_generation' FROM pgstreams_stream"
+    "SELECT id, metadata->'pgstreams_generation', metadata->'pgstreams_lease'->>'last' FROM pgstreams_stream"
     " WHERE closed_at IS NULL AND metadata ? 'pgstreams_generation'"
     " AND (metadata->'pgstreams_lease'->>'until')::float8 < extract(epoch FROM now())"
     " ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED"
@@ -131,7 +134,7 @@ def start(
             )
         leases.renew(made.id, queue_timeout, last, using=alias)
         task.enqueue(str(made.id), *args, **kwargs)
-    _takeovers.get()
+    _thread.get()  # this process looks for takeovers from now on
     return made
 
 
@@ -166,14 +169,14 @@ def take(stream_id: Any, *, using: str | None = None) -> Taken:
         cursor.execute(_RENEW_SQL, [generation["lease"], sid, epoch])
         cursor.execute('SELECT data FROM pgstreams_chunk WHERE stream_id = %s ORDER BY "offset"', [sid])
         chunks = [data for (data,) in cursor.fetchall()]
-    _takeovers.get()
     return Taken(sid, alias, epoch, generation["attempt"], float(generation["lease"]), chunks)
 
 
 class Taken:
     """One run's hold on a generation: ``chunks`` is what was stored before it; ``write()`` and
     ``close()`` append as its producer epoch (``ProducerFenced`` once another run has taken the
-    stream; ``StreamClosed`` once it ended). As a context manager it renews the lease."""
+    stream; ``StreamClosed`` once it ended). As a context manager it keeps the lease: this
+    process's generations thread renews it while the block runs."""
 
     def __init__(
         self, stream_id: uuid.UUID, alias: str, epoch: int, attempt: int, lease: float, chunks: list[str]
@@ -181,8 +184,6 @@ class Taken:
         self.stream_id, self.alias, self.epoch, self.attempt, self.lease = stream_id, alias, epoch, attempt, lease
         self.chunks = chunks
         self._seq = 0
-        self._done = threading.Event()
-        self._renewing: threading.Thread | None = None
 
     def write(self, data: str, *, close: bool = False) -> int | None:
         """Append ``data`` (and close the stream with it, with ``close``); its offset."""
@@ -194,31 +195,18 @@ class Taken:
         """End the generation with its last chunk ``data``."""
         return self.write(data, close=True)
 
+    def renew(self) -> None:
+        """Renew the lease from now, if this run still holds the generation (after another take,
+        or once it ended, nothing changes)."""
+        with connections[self.alias].cursor() as cursor:
+            cursor.execute(_RENEW_SQL, [self.lease, self.stream_id, self.epoch])
+
     def __enter__(self) -> Taken:
-        self._renewing = threading.Thread(
-            target=self._renew, name=f"pgstreams-generation-lease-{self.stream_id}", daemon=True
-        )
-        self._renewing.start()
+        _thread.get().hold(self)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
-        self._done.set()
-        if self._renewing is not None:
-            self._renewing.join()
-
-    def _renew(self) -> None:
-        try:
-            while not self._done.wait(self.lease / 3):
-                try:
-                    with connections[self.alias].cursor() as cursor:
-                        cursor.execute(_RENEW_SQL, [self.lease, self.stream_id, self.epoch])
-                except Exception:  # a blip: the next renewal may go through
-                    logger.warning(
-                        "pgstreams: renewing the lease of generation %s failed", self.stream_id, exc_info=True
-                    )
-                    connections[self.alias].close()
-        finally:
-            connections[self.alias].close()
+        _thread.get().release(self)
 
 
 def take_over_expired(*, using: str | None = None, limit: int = 100) -> int:
@@ -230,11 +218,10 @@ def take_over_expired(*, using: str | None = None, limit: int = 100) -> int:
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
         cursor.execute(_EXPIRED_SQL, [limit])
         rows = cursor.fetchall()
-        for sid, value in rows:
+        for sid, value, last in rows:
             generation = json.loads(value) if isinstance(value, str) else value
             if generation["attempt"] >= generation["attempts"]:
-                cursor.execute("SELECT metadata->'pgstreams_lease'->>'last' FROM pgstreams_stream WHERE id = %s", [sid])
-                ended.append((sid, cursor.fetchone()[0]))
+                ended.append((sid, last))
                 continue
             cursor.execute(_NEXT_ATTEMPT_SQL, [generation["queue_timeout"], sid])
             import_string(generation["task"]).enqueue(str(sid), *generation["args"], **generation["kwargs"])
@@ -253,32 +240,69 @@ def take_over_expired(*, using: str | None = None, limit: int = 100) -> int:
     return len(rows)
 
 
-class _Takeovers:
-    """This process's takeover thread: every TAKEOVER_INTERVAL (jittered), ``take_over_expired()``."""
+class _Thread:
+    """This process's generations thread, "pgstreams-generations", on one connection: it renews
+    the lease of each generation this process writes (a third of the lease apart) and every
+    TAKEOVER_INTERVAL (jittered) looks for generations to take over (``take_over_expired``)."""
 
     def __init__(self) -> None:
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="pgstreams-takeovers", daemon=True)
+        self._held: dict[Taken, float] = {}  # each held generation, and when to renew it next
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="pgstreams-generations", daemon=True)
         self._thread.start()
 
+    def hold(self, taken: Taken) -> None:
+        with self._lock:
+            self._held[taken] = time.monotonic() + taken.lease / 3
+        self._wake.set()
+
+    def release(self, taken: Taken) -> None:
+        with self._lock:
+            self._held.pop(taken, None)
+
     def _run(self) -> None:
+        look = time.monotonic() + _jittered()
         try:
-            while not self._stopping.wait(TAKEOVER_INTERVAL * _random.uniform(0.8, 1.2)):
-                try:
-                    take_over_expired()
-                except Exception:  # a database blip must not end the thread
-                    logger.warning("pgstreams: looking for generations to take over failed", exc_info=True)
-                    connections[conf.database()].close()
+            while not self._stopping:
+                now = time.monotonic()
+                with self._lock:
+                    due = [taken for taken, at in self._held.items() if at <= now]
+                for taken in due:
+                    self._step(taken.renew, f"renewing the lease of generation {taken.stream_id}")
+                    with self._lock:
+                        if taken in self._held:
+                            self._held[taken] = now + taken.lease / 3
+                if now >= look:
+                    self._step(take_over_expired, "looking for generations to take over")
+                    look = now + _jittered()
+                with self._lock:
+                    wake = min([look, *self._held.values()])
+                self._wake.wait(max(0.0, wake - time.monotonic()))
+                self._wake.clear()
         finally:
             connections.close_all()
 
+    def _step(self, step: Callable[[], Any], what: str) -> None:
+        try:
+            step()
+        except Exception:  # a database blip must not end the thread: the next round may succeed
+            logger.warning("pgstreams: %s failed", what, exc_info=True)
+            connections.close_all()
+
     def stop(self, timeout: float = 5.0) -> None:
-        self._stopping.set()
+        self._stopping = True
+        self._wake.set()
         self._thread.join(timeout)
 
     def alive(self) -> bool:
         return self._thread.is_alive()
 
 
-_takeovers: PerProcess[_Takeovers] = PerProcess(_Takeovers, _Takeovers.stop, alive=_Takeovers.alive)
-stop_takeovers = _takeovers.stop
+def _jittered() -> float:
+    return TAKEOVER_INTERVAL * _random.uniform(0.8, 1.2)
+
+
+_thread: PerProcess[_Thread] = PerProcess(_Thread, _Thread.stop, alive=_Thread.alive)
+stop_thread = _thread.stop  # stop this process's generations thread; the next start or take starts another

@@ -430,7 +430,7 @@ class Listener:
             for key, page in pages.items():
                 stream_id, from_offset = key
                 self.stats.chunks_fetched += len(page.chunks)
-                self.stats.data_fetched += sum(len(chunk.data) for chunk in page.chunks)
+                self.stats.data_fetched += page.data
                 futures = self._requests.pop(key, None)
                 if futures:
                     answered.append((futures, page))

@@ -37,6 +37,7 @@ class Page:
     next_offset: int = 0
     closed: bool = False
     chunks: list[StreamChunk] = field(default_factory=list)
+    data: int = 0  # the chunks' characters of text, bytes of binary
     # Set when the chunk at from_offset is gone though the stream is past it (pruned): where
     # reading can resume, the next chunk still held or next_offset.
     pruned_to: int | None = None

@@ -33,7 +33,7 @@ def _stop_background_threads(django_db_setup: None, django_db_blocker) -> Iterat
     connects to none), and fail the session if anything else is still connected to it: the drop
     would fail on it, and something would have leaked."""
     yield
-    generations.stop_takeovers()  # started by any generation a test started, through a view too
+    generations.stop_thread()  # started by any generation a test started, through a view too
     listener.stop_listener()
     appender.stop_appenders()  # before the flusher: its last batch announces through it
     notify.stop_flusher()

@@ -15,6 +15,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -361,3 +362,26 @@ class Workers:
                 process.send_signal(signal.SIGCONT)
                 process.kill()
             process.wait(10)
+
+
+def make_project(folder: Path, files: dict[str, str], extra_settings: str = "") -> dict[str, str]:
+    """A Django project as a reader makes it from the docs: ``startproject`` of the project whose
+    settings are among ``files`` (its text appended to what startproject wrote, then
+    ``extra_settings`` and the test database in place of the project's), and the other files,
+    each app a package. Returns the environment its commands need (pgstreams from this checkout,
+    its settings)."""
+    (name,) = [path.split("/")[0] for path in files if path.endswith("/settings.py")]
+    subprocess.run([sys.executable, "-m", "django", "startproject", name, str(folder)], check=True, timeout=60)
+    for path, text in files.items():
+        if path != f"{name}/settings.py":
+            target = folder / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            (folder / path.split("/")[0] / "__init__.py").touch()
+            target.write_text(text)
+    database = {key: connection.settings_dict[key] for key in ("NAME", "USER", "PASSWORD", "HOST", "PORT")}
+    database["ENGINE"] = "django.db.backends.postgresql"  # the embedded server's socket, when it is that
+    with (folder / name / "settings.py").open("a") as settings_file:
+        settings_file.write(
+            f"\n{files[f'{name}/settings.py']}\n{extra_settings}\nDATABASES = {{'default': {database!r}}}\n"
+        )
+    return {"PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": f"{name}.settings"}

@@ -24,7 +24,6 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import connection
 from django.test import AsyncClient, Client, override_settings
 
 import pgstreams
@@ -34,7 +33,7 @@ from pgstreams import aisdk, leases, protocol
 from pgstreams.durable import views as durable_views
 from pgstreams.models import Chunk, Stream
 from tests.conftest import serving
-from tests.helpers import ROOT, Workers, free_port, in_thread, node_dir
+from tests.helpers import ROOT, Workers, free_port, in_thread, make_project, node_dir
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess]
 
@@ -456,19 +455,10 @@ def readme_files() -> dict[str, str]:
 def test_a_project_made_from_the_readme_alone_serves_an_answer_to_the_sdk_client(tmp_path, session) -> None:
     files = readme_files()
     assert set(files) == {"mysite/settings.py", "mysite/urls.py", "chat/llm.py", "chat/views.py"}
-    subprocess.run([sys.executable, "-m", "django", "startproject", "mysite", str(tmp_path)], check=True, timeout=60)
-    (tmp_path / "chat").mkdir()
-    (tmp_path / "chat" / "__init__.py").write_text("")
-    for name in ("mysite/urls.py", "chat/llm.py", "chat/views.py"):
-        (tmp_path / name).write_text(files[name])
-    database = {key: connection.settings_dict[key] for key in ("ENGINE", "NAME", "USER", "PASSWORD", "HOST", "PORT")}
-    with (tmp_path / "mysite" / "settings.py").open("a") as project_settings:
-        project_settings.write(f"\n{files['mysite/settings.py']}\n")
-        # The test's own: its database, and the secret its session was signed with.
-        project_settings.write(f"DATABASES = {{'default': {database!r}}}\nSECRET_KEY = {settings.SECRET_KEY!r}\n")
+    # The test's secret: its session was signed with it.
+    env = make_project(tmp_path, files, f"SECRET_KEY = {settings.SECRET_KEY!r}")
     port = free_port()
     command = [sys.executable, "-m", "daphne", "-v", "0", "-b", "127.0.0.1", "-p", str(port), "mysite.asgi:application"]
-    env = {"DJANGO_SETTINGS_MODULE": "mysite.settings", "PYTHONPATH": str(ROOT)}
     with serving(command, port, env=env, cwd=tmp_path) as server:
         sent = sdk(server, session, "readme", "send", prompt="hello from the README", api="/api/chat")
         resumed = sdk(server, session, "readme", "resume", messages=sent["messages"][:1], api="/api/chat")

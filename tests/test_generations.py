@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -24,7 +23,7 @@ from demo_project.chat.models import Conversation
 from pgstreams import aisdk, generations
 from pgstreams.models import Chunk, Stream
 from tests.conftest import demo, open_server, serving
-from tests.helpers import ROOT, Workers
+from tests.helpers import ROOT, Workers, free_port, make_project
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess]
 
@@ -47,7 +46,7 @@ def workers() -> Iterator[Workers]:
         yield pool
     finally:
         pool.stop()
-        generations.stop_takeovers()
+        generations.stop_thread()
 
 
 def texts(stream: Stream) -> list[str]:
@@ -136,7 +135,7 @@ def test_readers_leave_a_generation_whose_lease_ran_out_to_its_takeover() -> Non
         assert leases.expired(plain.id) == "ended"
         assert leases.expired(s.id) is None  # a reader does not end it: a takeover runs it again
     finally:
-        generations.stop_takeovers()
+        generations.stop_thread()
 
 
 def test_an_ai_sdk_answer_whose_worker_is_killed_is_one_message_written_once(workers: Workers) -> None:
@@ -208,29 +207,17 @@ def readme_files() -> dict[str, str]:
 def test_a_project_made_from_the_readmes_blocks_survives_a_worker_kill(tmp_path) -> None:
     """startproject, the README's settings, task, view and URL, its worker command: the answer
     a view started goes on when the worker writing it is killed, and is written once."""
-    from django.db import connection
     from django_tasks_db.models import DBTaskResult
-
-    from tests.helpers import free_port
 
     files = readme_files()
     assert set(files) == {"myproject/settings.py", "myapp/tasks.py", "myapp/views.py", "myproject/urls.py"}
-    subprocess.run([sys.executable, "-m", "django", "startproject", "myproject", str(tmp_path)], check=True, timeout=60)
-    (tmp_path / "myapp").mkdir()
-    (tmp_path / "myapp" / "__init__.py").write_text("")
-    settings = files.pop("myproject/settings.py")
+    extra = ""
     if django.VERSION < (6, 0):  # as the README's comments say
-        settings += 'INSTALLED_APPS += ["django_tasks"]\n'
+        extra = 'INSTALLED_APPS += ["django_tasks"]'
         files["myapp/tasks.py"] = files["myapp/tasks.py"].replace(
             "from django.tasks import", "from django_tasks import"
         )
-    for name, body in files.items():
-        (tmp_path / name).write_text(body)
-    database = {key: connection.settings_dict[key] for key in ("NAME", "USER", "PASSWORD", "HOST", "PORT")}
-    database["ENGINE"] = "django.db.backends.postgresql"
-    with (tmp_path / "myproject" / "settings.py").open("a") as project_settings:
-        project_settings.write(f"\n{settings}\nDATABASES = {{'default': {database!r}}}\n")
-    env = {"PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "myproject.settings"}
+    env = make_project(tmp_path, files, extra)
     port = free_port()
     server = [sys.executable, "-m", "uvicorn", "myproject.asgi:application", "--port", str(port)]
     pool = Workers(2, cwd=tmp_path, env=env)

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from django.db import connection
 
 from tests.conftest import serving
 from tests.helpers import ROOT, free_port
+from tests.helpers import make_project as project
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess]
 
@@ -41,17 +41,7 @@ def make_project(folder: Path) -> None:
     files = guide_files()
     expected = {"myproject/settings.py", "myproject/asgi.py", "myproject/urls.py", "myapp/views.py"}
     assert set(files) == expected | {"myapp/templates/answer.html"}
-    subprocess.run([sys.executable, "-m", "django", "startproject", "myproject", str(folder)], check=True, timeout=60)
-    (folder / "myapp" / "templates").mkdir(parents=True)
-    (folder / "myapp" / "__init__.py").write_text("")
-    for name, block in files.items():
-        if name != "myproject/settings.py":
-            (folder / name).write_text(block)
-    # The guide's ENGINE with the test database's place (the embedded server's socket, when it is that).
-    database = {key: connection.settings_dict[key] for key in ("NAME", "USER", "PASSWORD", "HOST", "PORT")}
-    database["ENGINE"] = "django.db.backends.postgresql"
-    with (folder / "myproject" / "settings.py").open("a") as project_settings:
-        project_settings.write(f"\n{files['myproject/settings.py']}\nDATABASES = {{'default': {database!r}}}\n")
+    project(folder, files)
 
 
 # pgstreams from this checkout; the project's own settings (the suite's environment names the demo's).

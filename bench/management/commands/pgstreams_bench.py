@@ -18,7 +18,7 @@ from bench.llm_procs import APPEND_METHODS, METHODS, PACE
 from bench.report import plot, table
 from bench.run import MODES, Config, run
 from bench.servers import SERVERS
-from bench.takeover import TakeoverConfig, run_takeover
+from bench.takeover import TakeoverConfig, connections_problem, run_takeover
 from bench.takeover import table as takeover_table
 
 
@@ -124,7 +124,7 @@ class Command(BaseCommand):
             "--takeover",
             action="store_true",
             help="instead of the modes: --generations answers in flight on django-tasks-db workers (one each, and "
-            "10 spare), --kills of them killed at random and replaced; takeover time, chunks duplicated and lost",
+            "one spare per kill), --kills of them killed at random; takeover time, chunks duplicated and lost",
         )
         parser.add_argument("--generations", type=int, default=100, help="with --takeover: answers in flight")
         parser.add_argument("--kills", type=int, default=20, help="with --takeover: workers killed")
@@ -164,7 +164,11 @@ class Command(BaseCommand):
         if o["takeover"]:
             if o["generations"] < 1 or o["kills"] < 0:
                 raise CommandError("--generations must be at least 1 and --kills at least 0")
-            report = run_takeover(TakeoverConfig(generations=o["generations"], kills=o["kills"]), say=self.say)
+            config = TakeoverConfig(generations=o["generations"], kills=o["kills"])
+            problem = connections_problem(config)
+            if problem:
+                raise CommandError(problem)
+            report = run_takeover(config, say=self.say)
             self.stdout.write(takeover_table(report))
         elif o["catch_up"]:
             report = self.run_catch_up(o)
