@@ -118,6 +118,21 @@ def test_a_stop_during_the_takeover_ends_the_answer(workers: Workers) -> None:
     assert texts(s)[-1] == "stopped" and texts(s)[stopped] == "stopped"
 
 
+def test_a_stop_after_the_takeover_while_the_fenced_run_is_paused_ends_the_answer_for_both(workers: Workers) -> None:
+    """A worker stopped (SIGSTOP) past its lease; another takes the answer over and goes on;
+    the answer is stopped then, and the first worker continued: neither writes after the stop."""
+    s = generations.start(count, N, DELAY, last="failed", lease=LEASE)
+    until(lambda: len(texts(s)) >= 5)
+    paused = workers.running(s)
+    paused.send_signal(signal.SIGSTOP)
+    before = len(texts(s))
+    until(lambda: len(texts(s)) > before + 3)  # taken over, going on
+    stopped = pgstreams.append(s.id, "stopped", close=True)
+    paused.send_signal(signal.SIGCONT)
+    time.sleep(3 * LEASE)
+    assert texts(s) == WHOLE[:stopped] + ["stopped"]
+
+
 def test_a_generation_whose_every_attempt_dies_ends_with_its_last_chunk(workers: Workers) -> None:
     s = generations.start(count, N, DELAY, 5, last="failed", lease=LEASE, attempts=2)
     until(lambda: closed(s))
