@@ -1,10 +1,10 @@
 """The benchmark's takeover mode (``--takeover``): generations (``pgstreams.generations``) in flight
 on django-tasks-db's workers (``manage.py db_worker`` processes, one task each at a time), workers
 writing them killed with SIGKILL at random moments; a spare worker per kill takes the answer over
-(none is started during the run: a Django process starting takes a CPU for a second). Per kill: the takeover time, from
-the kill to the next chunk of the answer that worker was writing. At the end, every answer
-compared with what one uninterrupted run writes (chunks duplicated, lost), the runs that found
-themselves fenced, and the answers' chunks per second over the run."""
+(none is started during the run: a Django process starting takes a CPU for a second). Per kill:
+the takeover time, from the kill to the next chunk of the answer that worker was writing. At the
+end, every answer compared with what one uninterrupted run writes (chunks duplicated, lost), the
+runs that found themselves fenced, and the answers' chunks per second over the run."""
 
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ shows one, several prompts and answers), and the endpoints ``DefaultChatTranspor
 of ``ai/chat/<id>/stream`` resumes the chat's latest answer (204 if it has none), and a POST to
 ``ai/chat/<id>/stop`` ends the answer being written. ``ai/durable/chat`` is the same for
 ``@durable-streams/aisdk-transport``: its POST and GET answer where the Durable Streams endpoint
-serves the answer. Each prompt is a ``Conversation`` of the chat, its answer a generation written by a
-worker (``tasks.answer_parts``)."""
+serves the answer. Each prompt is a ``Conversation`` of the chat, its answer a generation written
+by a worker (``tasks.answer_parts``)."""
 
 from __future__ import annotations
 
