@@ -23,7 +23,7 @@ from django.db.backends.base.creation import TEST_DATABASE_PREFIX
 
 from bench.servers import SERVERS, server_command
 from pgstreams import appender, generations, listener, notify, threads
-from tests.helpers import ROOT, free_port, in_thread, subprocess_database_url
+from tests.helpers import ROOT, end_answers_in_flight, free_port, in_thread, subprocess_database_url
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -165,13 +165,14 @@ def demo_process(django_db_setup: None) -> Iterator[str]:
 
 
 @pytest.fixture
-def demo_server(demo_process: str, transactional_db: None) -> str:
+def demo_server(demo_process: str, transactional_db: None) -> Iterator[str]:
     """The module's demo, with its user: ``manage.py demo`` made it as it started, and the end of
-    each test empties the test database."""
+    each test ends the answers its workers write, then empties the test database."""
     from demo_project.chat.management.commands.demo import ensure_demo_user
 
     in_thread(ensure_demo_user)  # a module's browser runs an event loop in this thread
-    return demo_process
+    yield demo_process
+    in_thread(end_answers_in_flight)
 
 
 @pytest.fixture(scope="module", params=SERVERS)

@@ -337,6 +337,28 @@ def running_worker(stream_id: Any, timeout: float = 10.0) -> str:
     raise AssertionError(f"no worker runs the generation of stream {stream_id}")
 
 
+def end_answers_in_flight(timeout: float = 10.0) -> None:
+    """Close every open stream, then wait (bounded) until no live ``db_worker`` runs a task: a
+    worker's transaction under way while a test's flush truncates the tables can deadlock it
+    (``take()`` and an append lock the stream, producer and chunk tables in another order)."""
+    from django_tasks_db.models import DBTaskResult
+
+    from pgstreams.models import Stream
+
+    for stream_id in Stream.objects.filter(closed_at__isnull=True).values_list("id", flat=True):
+        with contextlib.suppress(pgstreams.StreamClosed, pgstreams.StreamNotFound):
+            pgstreams.close(stream_id)
+    live = set()
+    for process in psutil.process_iter(["cmdline"]):
+        arguments = process.info["cmdline"] or []
+        if "db_worker" in arguments and "--worker-id" in arguments[:-1]:
+            live.add(arguments[arguments.index("--worker-id") + 1])
+    deadline = time.monotonic() + timeout
+    while any(r.worker_ids and r.worker_ids[-1] in live for r in DBTaskResult.objects.filter(status="RUNNING")):
+        assert time.monotonic() < deadline, "a worker still runs a task of a closed stream"
+        time.sleep(0.02)
+
+
 class Workers:
     """``manage.py db_worker`` processes, named by their worker ids."""
 

@@ -240,20 +240,23 @@ def _as_text(chunk: str | bytes) -> str:
     return chunk.decode() if isinstance(chunk, bytes) else chunk
 
 
-_LINES = re.compile(r"\r\n|\r|\n")
+_LINES = re.compile(rb"\r\n|\r|\n")
 
 
 def sse_data(chunks: list[str | bytes], *, json_mode: bool, binary: bool) -> bytes:
     """One ``data`` event: base64 for binary streams; otherwise the text, a ``data:`` line per
-    line (so that no payload can end the event or start another), its spaces kept."""
+    line (so that no payload can end the event or start another), its spaces kept. Made in
+    bytes, joined once: a megabyte of chunks costs two copies of it, not five."""
     payload = body_of(chunks, json_mode)
     if binary:
-        return b"event: data\ndata:" + base64.b64encode(payload) + b"\n\n"
-    lines = _LINES.split(payload.decode())
-    # A reader drops one space after "data:": a line that starts with one gets one more to drop.
-    return (
-        "event: data\n" + "".join(f"data: {line}\n" if line[:1] == " " else f"data:{line}\n" for line in lines) + "\n"
-    ).encode()
+        return b"".join((b"event: data\ndata:", base64.b64encode(payload), b"\n\n"))
+    # In UTF-8 a line break is its ASCII byte, never a part of another character.
+    parts = [b"event: data\n"]
+    for line in _LINES.split(payload):
+        # A reader drops one space after "data:": a line that starts with one gets one more to drop.
+        parts += (b"data: " if line[:1] == b" " else b"data:", line, b"\n")
+    parts.append(b"\n")
+    return b"".join(parts)
 
 
 def sse_control(next_offset: int, *, cursor_value: str | None, up_to_date: bool, closed: bool) -> bytes:

@@ -8,6 +8,8 @@ import datetime
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pgstreams.durable import wire
 from pgstreams.durable.wire import Refused
@@ -209,6 +211,27 @@ def test_sse_text_keeps_the_spaces_a_line_starts_with() -> None:
     lines = [line.removeprefix("data:") for line in event.splitlines() if line.startswith("data:")]
     # An SSE reader drops one space after the colon, as the official client does.
     assert [line[1:] if line.startswith(" ") else line for line in lines] == [" more", "  two"]
+
+
+def _read_sse_text(event: bytes) -> str:
+    """What an SSE reader makes of a data event: its data lines, one space after the colon
+    dropped, joined by newlines (the spec's parsing, as the official client does it)."""
+    lines = event.decode().split("\n")
+    assert lines[0] == "event: data" and lines[-2:] == ["", ""]
+    data = [line.removeprefix("data:") for line in lines[1:-2]]
+    assert len(data) == len(lines) - 3  # every line a data line
+    return "\n".join(line[1:] if line.startswith(" ") else line for line in data)
+
+
+# Chunks of the characters that matter (spaces, both line breaks, several bytes in UTF-8), or of any.
+_TEXT = st.text(st.sampled_from([" ", "a", ":", "\r", "\n", "é", "😀"])) | st.text()
+
+
+@given(st.lists(_TEXT, max_size=8))
+def test_an_sse_data_event_reads_back_as_its_text_with_every_line_break_a_newline(chunks: list[str]) -> None:
+    text = "".join(chunks)
+    expected = text.replace("\r\n", "\n").replace("\r", "\n")
+    assert _read_sse_text(wire.sse_data(chunks, json_mode=False, binary=False)) == expected
 
 
 def test_the_endpoints_headers_are_read_as_djangos_request_headers_reads_them() -> None:
