@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,10 +36,13 @@ def start_worker(
 
 class Pool:
     """``count`` workers kept running: a thread of this process ("demo-workers") replaces one that
-    exits (killed, say), until ``stop()``. ``say`` is told of each start."""
+    dies (killed, say), until ``stop()``; not one that exits cleanly (as after Ctrl-C, whose SIGINT
+    reaches the workers too), nor one that died within seconds of starting (it would again).
+    ``say`` is told of each start."""
 
     def __init__(self, count: int, prefix: str, say: Callable[[str], None]) -> None:
         self._prefix, self._say, self._made = prefix, say, 0
+        self._started: dict[int, float] = {}  # by pid
         self._stopping = threading.Event()
         self.processes = [self._start() for _ in range(count)]
         self._thread = threading.Thread(target=self._keep, name="demo-workers", daemon=True)
@@ -47,12 +51,23 @@ class Pool:
     def _start(self) -> subprocess.Popen[bytes]:
         self._made += 1
         process = start_worker(f"{self._prefix}-{self._made}")
+        self._started[process.pid] = time.monotonic()
         self._say(f"model worker {self._prefix}-{self._made} started: pid {process.pid}")
         return process
 
     def _keep(self) -> None:
         while not self._stopping.wait(0.5):
-            self.processes = [self._start() if p.poll() is not None else p for p in self.processes]
+            self.processes = [self._start() if self._died(p) else p for p in self.processes]
+
+    def _died(self, process: subprocess.Popen[bytes]) -> bool:
+        started = self._started.get(process.pid)
+        if started is None or process.poll() in (None, 0):
+            return False
+        del self._started[process.pid]  # told once
+        if time.monotonic() - started < 5:
+            self._say(f"a model worker died as it started (exit status {process.returncode}): not replaced")
+            return False
+        return True
 
     def stop(self) -> None:
         """Stop replacing them, and stop them: SIGTERM (after Ctrl-C's SIGINT, a second signal,

@@ -36,8 +36,8 @@ from typing import Any, Final
 from django.db import connections, transaction
 from django.utils.module_loading import import_string
 
-from . import appends, conf, leases, producers
-from .exceptions import StreamClosed, StreamNotFound
+from . import appends, conf, contents, leases, producers
+from .exceptions import StreamClosed, StreamError, StreamNotFound
 from .models import Stream
 from .process import PerProcess
 from .types import Producer, stream_uuid
@@ -52,6 +52,7 @@ ATTEMPTS: Final = 3  # runs of a generation's task at most, by default: its firs
 LEASE: Final = 10.0  # seconds a taken generation is kept for its writer without a renewal
 QUEUE_TIMEOUT: Final = 600.0  # seconds an enqueued attempt may wait for a worker, by default
 TAKEOVER_INTERVAL: Final = 1.0  # seconds between a process's looks for generations to take over
+RETRY: Final = 0.5  # seconds before a failed lease renewal is tried again, at most
 
 # Open generations whose lease has run out, locked by this process only (another skips them).
 _EXPIRED_SQL: Final = (
@@ -107,6 +108,10 @@ def start(
             of that apart) before the generation is taken over.
         queue_timeout: seconds an attempt may wait for a worker before it counts as failed.
         stream: ``create_stream()``'s arguments (owner, label, content_type, path...).
+
+    Raises:
+        InvalidChunk: ``last`` is not a chunk the stream can hold (nothing is made); ValueError
+            for a lease, queue_timeout or attempts out of range.
     """
     for name, value in (("lease", lease), ("queue_timeout", queue_timeout)):
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
@@ -126,6 +131,8 @@ def start(
     }
     with transaction.atomic(using=alias):
         made = create_stream(using=alias, **(stream or {}))
+        # Its last chunk ends the stream one day, in another process: refused now if it cannot.
+        contents.check_fits(contents.kind_of(made.content_type), last, made.id)
         with connections[alias].cursor() as cursor:
             cursor.execute(
                 "UPDATE pgstreams_stream SET metadata = metadata || jsonb_build_object(%s::text, %s::jsonb)"
@@ -169,6 +176,7 @@ def take(stream_id: Any, *, using: str | None = None) -> Taken:
         cursor.execute(_RENEW_SQL, [generation["lease"], sid, epoch])
         cursor.execute('SELECT data FROM pgstreams_chunk WHERE stream_id = %s ORDER BY "offset"', [sid])
         chunks = [data for (data,) in cursor.fetchall()]
+    _thread.get()  # this process looks for takeovers from now on
     return Taken(sid, alias, epoch, generation["attempt"], float(generation["lease"]), chunks)
 
 
@@ -184,6 +192,7 @@ class Taken:
         self.stream_id, self.alias, self.epoch, self.attempt, self.lease = stream_id, alias, epoch, attempt, lease
         self.chunks = chunks
         self._seq = 0
+        self._holder: _Thread | None = None
 
     def write(self, data: str, *, close: bool = False) -> int | None:
         """Append ``data`` (and close the stream with it, with ``close``); its offset."""
@@ -202,11 +211,13 @@ class Taken:
             cursor.execute(_RENEW_SQL, [self.lease, self.stream_id, self.epoch])
 
     def __enter__(self) -> Taken:
-        _thread.get().hold(self)
+        self._holder = _thread.get()
+        self._holder.hold(self)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
-        _thread.get().release(self)
+        if self._holder is not None:
+            self._holder.release(self)
 
 
 def take_over_expired(*, using: str | None = None, limit: int = 100) -> int:
@@ -221,10 +232,17 @@ def take_over_expired(*, using: str | None = None, limit: int = 100) -> int:
         for sid, value, last in rows:
             generation = json.loads(value) if isinstance(value, str) else value
             if generation["attempt"] >= generation["attempts"]:
+                logger.warning("pgstreams: generation %s lost its writer on its last attempt; ending it", sid)
                 ended.append((sid, last))
                 continue
-            cursor.execute(_NEXT_ATTEMPT_SQL, [generation["queue_timeout"], sid])
-            import_string(generation["task"]).enqueue(str(sid), *generation["args"], **generation["kwargs"])
+            try:
+                with transaction.atomic(using=alias):  # a savepoint: one that fails leaves the others
+                    cursor.execute(_NEXT_ATTEMPT_SQL, [generation["queue_timeout"], sid])
+                    import_string(generation["task"]).enqueue(str(sid), *generation["args"], **generation["kwargs"])
+            except Exception:  # its task is gone, say: it would fail every look, in every process
+                logger.exception("pgstreams: could not enqueue the task of generation %s again; ending it", sid)
+                ended.append((sid, last))
+                continue
             logger.warning(
                 "pgstreams: generation %s lost its writer; attempt %d of %d enqueued",
                 sid,
@@ -232,11 +250,10 @@ def take_over_expired(*, using: str | None = None, limit: int = 100) -> int:
                 generation["attempts"],
             )
     for sid, last in ended:
-        logger.warning("pgstreams: generation %s lost its writer on its last attempt; ending it", sid)
         try:
             appends.append(sid, last, close=True, using=alias)
-        except StreamClosed:  # ended meanwhile, by its writer or by another process
-            pass
+        except StreamError as exc:  # ended meanwhile (by its writer, another process), or deleted
+            logger.info("pgstreams: generation %s was not ended here: %s", sid, exc)
     return len(rows)
 
 
@@ -270,10 +287,12 @@ class _Thread:
                 with self._lock:
                     due = [taken for taken, at in self._held.items() if at <= now]
                 for taken in due:
-                    self._step(taken.renew, f"renewing the lease of generation {taken.stream_id}")
+                    renewed = self._step(taken.renew, f"renewing the lease of generation {taken.stream_id}")
+                    # After a failure, again soon: two renewals missed in a row lose the lease.
+                    later = taken.lease / 3 if renewed else min(RETRY, taken.lease / 10)
                     with self._lock:
                         if taken in self._held:
-                            self._held[taken] = now + taken.lease / 3
+                            self._held[taken] = now + later
                 if now >= look:
                     self._step(take_over_expired, "looking for generations to take over")
                     look = now + _jittered()
@@ -284,12 +303,15 @@ class _Thread:
         finally:
             connections.close_all()
 
-    def _step(self, step: Callable[[], Any], what: str) -> None:
+    def _step(self, step: Callable[[], Any], what: str) -> bool:
+        """Run ``step``; False if it failed (logged, and the connection closed)."""
         try:
             step()
         except Exception:  # a database blip must not end the thread: the next round may succeed
             logger.warning("pgstreams: %s failed", what, exc_info=True)
             connections.close_all()
+            return False
+        return True
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stopping = True

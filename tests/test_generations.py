@@ -153,6 +153,78 @@ def test_readers_leave_a_generation_whose_lease_ran_out_to_its_takeover() -> Non
         generations.stop_thread()
 
 
+def test_a_last_chunk_the_stream_cannot_hold_is_refused_and_nothing_is_made() -> None:
+    from django_tasks_db.models import DBTaskResult
+
+    before = (Stream.objects.count(), DBTaskResult.objects.count())
+    with pytest.raises(pgstreams.InvalidChunk, match="application/json"):
+        generations.start(count, N, DELAY, last="not json", stream={"content_type": "application/json"})
+    assert (Stream.objects.count(), DBTaskResult.objects.count()) == before
+    generations.stop_thread()
+
+
+def test_a_generation_whose_task_cannot_be_enqueued_again_ends_and_others_are_taken_over() -> None:
+    """Its task's module gone, say: it ends with its last chunk, and the generations found with
+    it are taken over all the same (the look once failed whole, in every process, every second)."""
+    from django.db import connection
+
+    try:
+        gone = generations.start(count, N, DELAY, last="gone", queue_timeout=0.01)
+        kept = generations.start(count, N, DELAY, last="failed", queue_timeout=0.01)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE pgstreams_stream SET metadata = jsonb_set(metadata, '{pgstreams_generation,task}',"
+                " '\"bench.tasks.no_such_task\"') WHERE id = %s",
+                [gone.id],
+            )
+        time.sleep(0.05)
+        generations.take_over_expired()  # or this process's thread, first: either way
+        until(lambda: closed(gone))
+        assert texts(gone) == ["gone"]
+        generation = Stream.objects.get(pk=kept.pk).metadata["pgstreams_generation"]
+        assert generation["attempt"] == 2 and not closed(kept)
+    finally:
+        generations.stop_thread()
+
+
+def test_a_taken_generation_is_released_by_the_thread_that_held_it() -> None:
+    """take() starts this process's generations thread; a ``with`` block that outlives it (the
+    thread stopped meanwhile) does not start another just to let go."""
+    generations.stop_thread()
+    try:
+        s = generations.start(count, N, DELAY, last="failed")
+        generations.stop_thread()
+        taken = generations.take(s.id)
+        assert generations._thread.current() is not None  # it looks for takeovers from now on
+        with taken:
+            generations.stop_thread()
+        assert generations._thread.current() is None
+    finally:
+        generations.stop_thread()
+
+
+def test_a_lease_renewal_that_failed_is_tried_again_soon(monkeypatch) -> None:
+    """Two renewals missed in a row lose the lease: after a failure the next comes within RETRY,
+    not a third of the lease later."""
+    calls: list[float] = []
+    renew = generations.Taken.renew
+
+    def failing_once(self) -> None:
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            raise RuntimeError("a database blip")
+        renew(self)
+
+    monkeypatch.setattr(generations.Taken, "renew", failing_once)
+    try:
+        s = generations.start(count, N, DELAY, last="failed", lease=30.0)
+        with generations.take(s.id):
+            until(lambda: len(calls) >= 2, timeout=20)  # the first renewal is 10 s after the take
+        assert calls[1] - calls[0] < 5  # not 10 s: within RETRY (0.5 s), on a slow machine too
+    finally:
+        generations.stop_thread()
+
+
 def test_an_ai_sdk_answer_whose_worker_is_killed_is_one_message_written_once(workers: Workers) -> None:
     s = aisdk.start_generation(answer, N, DELAY, lease=LEASE)
     until(lambda: len(texts(s)) >= 10)

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from django.conf import settings
 
 from pgstreams import aisdk, generations
-from pgstreams.exceptions import ProducerFenced, StreamClosed
+from pgstreams.exceptions import StreamError
 
 from . import llm
 
@@ -37,7 +37,7 @@ def answer_tokens(stream_id: str, prompt: str) -> str:
             for i in range(len(taken.chunks), len(tokens)):
                 time.sleep(_pause())
                 taken.write(tokens[i], close=i == len(tokens) - 1)
-    except (StreamClosed, ProducerFenced) as exc:  # stopped, or taken by a later run
+    except StreamError as exc:  # stopped, taken by a later run, or deleted
         return type(exc).__name__
     return "finished"
 
