@@ -33,7 +33,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Final
 
-from django.db import connections, transaction
+from django.db import DatabaseError, connections, transaction
 from django.utils.module_loading import import_string
 
 from . import appends, conf, contents, leases, producers
@@ -239,6 +239,8 @@ def take_over_expired(*, using: str | None = None, limit: int = 100) -> int:
                 with transaction.atomic(using=alias):  # a savepoint: one that fails leaves the others
                     cursor.execute(_NEXT_ATTEMPT_SQL, [generation["queue_timeout"], sid])
                     import_string(generation["task"]).enqueue(str(sid), *generation["args"], **generation["kwargs"])
+            except DatabaseError:
+                raise  # the look fails, and the next one tries again
             except Exception:  # its task is gone, say: it would fail every look, in every process
                 logger.exception("pgstreams: could not enqueue the task of generation %s again; ending it", sid)
                 ended.append((sid, last))
