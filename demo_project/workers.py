@@ -36,9 +36,9 @@ def start_worker(
 
 class Pool:
     """``count`` workers kept running: a thread of this process ("demo-workers") replaces one that
-    dies (killed, say), until ``stop()``; not one that exits cleanly (as after Ctrl-C, whose SIGINT
-    reaches the workers too), nor one that died within seconds of starting (it would again).
-    ``say`` is told of each start."""
+    dies (killed, say), until ``stop()``, at most one start in 5 s in its place (a worker that
+    cannot start would otherwise be started twice a second); not one that exits cleanly (as after
+    Ctrl-C, whose SIGINT reaches the workers too). ``say`` is told of each start."""
 
     def __init__(self, count: int, prefix: str, say: Callable[[str], None]) -> None:
         self._prefix, self._say, self._made = prefix, say, 0
@@ -60,14 +60,8 @@ class Pool:
             self.processes = [self._start() if self._died(p) else p for p in self.processes]
 
     def _died(self, process: subprocess.Popen[bytes]) -> bool:
-        started = self._started.get(process.pid)
-        if started is None or process.poll() in (None, 0):
-            return False
-        del self._started[process.pid]  # told once
-        if time.monotonic() - started < 5:
-            self._say(f"a model worker died as it started (exit status {process.returncode}): not replaced")
-            return False
-        return True
+        """Whether ``process`` died and may be replaced now."""
+        return process.poll() not in (None, 0) and time.monotonic() - self._started[process.pid] >= 5
 
     def stop(self) -> None:
         """Stop replacing them, and stop them: SIGTERM (after Ctrl-C's SIGINT, a second signal,

@@ -337,6 +337,19 @@ def running_worker(stream_id: Any, timeout: float = 10.0) -> str:
     raise AssertionError(f"no worker runs the generation of stream {stream_id}")
 
 
+def worker_processes() -> dict[str, psutil.Process]:
+    """The ``db_worker`` processes running on this machine (a killed one, a zombie until its
+    parent reaps it, is not), by worker id."""
+    found = {}
+    for process in psutil.process_iter(["cmdline", "status"]):
+        arguments = process.info["cmdline"] or []
+        if process.info["status"] == psutil.STATUS_ZOMBIE or "db_worker" not in arguments:
+            continue
+        if "--worker-id" in arguments[:-1]:
+            found[arguments[arguments.index("--worker-id") + 1]] = process
+    return found
+
+
 def end_answers_in_flight(timeout: float = 10.0) -> None:
     """Close every open stream, then wait (bounded) until no live ``db_worker`` runs a task: a
     worker's transaction under way while a test's flush truncates the tables can deadlock it
@@ -348,11 +361,7 @@ def end_answers_in_flight(timeout: float = 10.0) -> None:
     for stream_id in Stream.objects.filter(closed_at__isnull=True).values_list("id", flat=True):
         with contextlib.suppress(pgstreams.StreamClosed, pgstreams.StreamNotFound):
             pgstreams.close(stream_id)
-    live = set()
-    for process in psutil.process_iter(["cmdline"]):
-        arguments = process.info["cmdline"] or []
-        if "db_worker" in arguments and "--worker-id" in arguments[:-1]:
-            live.add(arguments[arguments.index("--worker-id") + 1])
+    live = worker_processes()
     deadline = time.monotonic() + timeout
     while any(r.worker_ids and r.worker_ids[-1] in live for r in DBTaskResult.objects.filter(status="RUNNING")):
         assert time.monotonic() < deadline, "a worker still runs a task of a closed stream"

@@ -438,6 +438,9 @@ async def test_more_answers_than_the_demo_has_workers_all_finish_at_a_models_pac
         assert "error" not in [p["type"] for p in answer]
         assert "".join(p["delta"] for p in answer if p["type"] == "text-delta") == "".join(llm.answer(prompt))
     assert max(took for _, took in results) > 15  # one waited for a worker
+    turns = Conversation.objects.filter(chat_id="queued").select_related("stream")
+    attempts = await sync_to_async(lambda: [t.stream.metadata["pgstreams_generation"]["attempt"] for t in turns])()
+    assert attempts == [1, 1, 1]  # none taken over while it waited
 
 
 def readme_files() -> dict[str, str]:

@@ -11,17 +11,17 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import warnings
 from pathlib import Path
 
-import psutil
 import pytest
 import websockets
 
 import pgstreams
 from demo_project.chat import llm
 from pgstreams.models import Stream
-from tests.helpers import ROOT, in_thread, running_worker, subprocess_database_url
+from tests.helpers import ROOT, in_thread, running_worker, subprocess_database_url, worker_processes
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess]
 
@@ -121,26 +121,19 @@ def test_a_model_worker_killed_mid_answer_is_replaced_and_the_page_shows_the_ans
     page.wait_for_function("document.getElementById('answer').textContent.length > 20")
     stream = latest_stream()
     worker = in_thread(running_worker, stream.id)
-    pool = worker.rsplit("-", 1)[0]  # demo-<its pid>
-    before = demo_workers(pool)
-    (victim,) = [p for p in before if worker in p.cmdline()]
+    pool = worker.rsplit("-", 1)[0] + "-"  # demo-<its pid>-<n>
+    before = {name: process for name, process in worker_processes().items() if name.startswith(pool)}
+    victim = before[worker]
     victim.kill()
     killed_at = len(answer_of(page))
     page.wait_for_selector("#status[data-state=done]", timeout=30_000)
     assert answer_of(page) == expected and killed_at < len(expected)
     assert in_thread(lambda: Stream.objects.get(pk=stream.pk).metadata["pgstreams_generation"]["attempt"]) == 2
-    after = demo_workers(pool)
-    assert len(after) == len(before) == 2 and victim not in after
-
-
-def demo_workers(prefix: str) -> list[psutil.Process]:
-    """The running ``db_worker`` processes whose worker ids start with ``prefix``."""
-    found = []
-    for process in psutil.process_iter(["cmdline", "status"]):
-        arguments = process.info["cmdline"] or []
-        if process.info["status"] != psutil.STATUS_ZOMBIE and any(a.startswith(f"{prefix}-") for a in arguments):
-            found.append(process)
-    return found
+    deadline = time.monotonic() + 10  # the demo starts at most one worker in 5 s in a slot's place
+    while len(after := [name for name in worker_processes() if name.startswith(pool)]) < 2:  # bounded
+        assert time.monotonic() < deadline, f"the demo runs {after} after a kill"
+        time.sleep(0.1)
+    assert len(after) == len(before) == 2 and worker not in after
 
 
 def test_the_admin_stream_page_tails_an_open_stream(demo_server: str, page) -> None:
