@@ -241,9 +241,12 @@ def take_over_expired(*, using: str | None = None, limit: int = 100) -> int:
                     import_string(generation["task"]).enqueue(str(sid), *generation["args"], **generation["kwargs"])
             except DatabaseError:
                 raise  # the look fails, and the next one tries again
-            except Exception:  # its task is gone, say: it would fail every look, in every process
-                logger.exception("pgstreams: could not enqueue the task of generation %s again; ending it", sid)
-                ended.append((sid, last))
+            except Exception:  # not importable here (another project's task, say): left to one that can
+                logger.warning(
+                    "pgstreams: could not enqueue the task of generation %s again here; left to another process",
+                    sid,
+                    exc_info=True,
+                )
                 continue
             logger.warning(
                 "pgstreams: generation %s lost its writer; attempt %d of %d enqueued",
