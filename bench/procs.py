@@ -50,6 +50,7 @@ class WriterResult:
     started: float = 0.0
     finished: float = 0.0
     errors: int = 0
+    failed_flushes: int = 0  # of the notification buffer (buffered mode)
 
 
 def writer(
@@ -127,7 +128,9 @@ def writer(
             pgstreams.close(sid, using=boot.alias)
     from pgstreams import notify
 
+    flusher = notify.current_flusher()
     notify.stop_flusher()  # the final flush, before reporting
+    result.failed_flushes = flusher.stats.failed_flushes if flusher is not None else 0
     results.put(("writer", result))
 
 
@@ -164,6 +167,9 @@ class ReaderResult(Arrivals):
     polls: int = 0
     fetches: int = 0
     behind: int = 0  # fetches that found READ_DATABASE behind what was announced
+    reconnects: int = 0  # of the LISTEN connection
+    notifications: int = 0  # payloads the listener heard
+    entries: int = 0  # stream entries in them, followed here or not
     fetch_seconds: float = 0.0
     elapsed: float = 0.0
     error: str = ""
@@ -207,6 +213,9 @@ async def _read_all(boot: Boot, stream_ids: list[str], fanout: int, timeout: flo
     result.polls = counted.polls
     result.fetches = counted.fetches
     result.behind = counted.read_behind
+    result.reconnects = counted.reconnects
+    result.notifications = counted.notifications
+    result.entries = counted.entries
     result.fetch_seconds = counted.fetch_seconds
     result.backends = await asyncio.to_thread(_own_backends, boot.alias)
     return result

@@ -51,7 +51,7 @@ _random = random.Random()  # its own: the global state a project may seed is lef
 logger = logging.getLogger("pgstreams.appender")
 
 # NOTIFY_MODE "per_write": the batch's notifications go out in its own transaction.
-NOTIFY_SQL = "SELECT pg_notify(%s, payload) FROM unnest(%s::text[]) AS payload"
+NOTIFY_SQL = "SELECT pg_notify(channel, payload) FROM unnest(%s::text[], %s::text[]) AS note(channel, payload)"
 
 # The chunk data (characters of text, bytes) a batch takes at most, beside APPEND_BATCH's count,
 # which alone would let chunks of MAX_CHUNK_BYTES make a statement of hundreds of MiB.
@@ -250,7 +250,7 @@ class Appender:
                 conn.execute("BEGIN")
                 outcome = batches.run(conn, batch, conf.synchronous_commit(), conf.prepared_statements(), held)
                 if outcome.marks and mode == "per_write":
-                    conn.execute(NOTIFY_SQL, (conf.channel(), notify.pack(outcome.marks)))
+                    conn.execute(NOTIFY_SQL, notify.notes(outcome.marks))
         except psycopg.Error as exc:
             refused = _refused(exc, self._conn)
             self._after_failure(self._conn)

@@ -157,11 +157,12 @@ channel: Setting[str] = Setting(
     "CHANNEL",
     "pgstreams",
     Rule(
-        lambda v: isinstance(v, str) and bool(_IDENTIFIER.match(v)) and len(v.encode()) <= 63,
-        "a plain SQL identifier (letters, digits and underscores, not starting with a digit) of at most 63 bytes",
+        lambda v: isinstance(v, str) and bool(_IDENTIFIER.match(v)) and len(v.encode()) <= 58,
+        "a plain SQL identifier (letters, digits and underscores, not starting with a digit) of at most 58 bytes",
     ),
     "pgstreams.E005",
-    "the LISTEN/NOTIFY channel: a plain identifier of at most 63 bytes",
+    "the LISTEN/NOTIFY channel, or with `NOTIFY_SHARDS` the channels' common name (`pgstreams_0`, `pgstreams_1`, "
+    "...): a plain identifier of at most 58 bytes",
 )
 max_chunk_bytes: Setting[int] = Setting(
     "MAX_CHUNK_BYTES",
@@ -246,7 +247,8 @@ listen_check_interval: Setting[float] = Setting(
     5.0,
     SECONDS,
     "pgstreams.E016",
-    "seconds without a notification after which the listener checks its LISTEN connection with a query",
+    "seconds between two checks of the listener's LISTEN connection with a query, which also reads how full "
+    "Postgres' notification queue is (`NOTIFY_QUEUE_GUARD`)",
     float,
 )
 async_threads: Setting[int] = Setting(
@@ -321,6 +323,29 @@ max_fork_depth: Setting[int] = Setting(
     "pgstreams.E024",
     "how many forks a Durable Streams chain may hold at most, from its first stream (a fork of a fork of ...); "
     "a fork past it is refused with 400",
+)
+
+notify_queue_guard: Setting[float | None] = Setting(
+    "NOTIFY_QUEUE_GUARD",
+    0.001,
+    Rule(
+        lambda v: v is None or ((_whole(v) or isinstance(v, float)) and 0 < v < 1),
+        "None (never end a listener) or a fraction between 0 and 1, such as 0.001",
+    ),
+    "pgstreams.E025",
+    "the fraction of Postgres' notification queue in use past which every process ends the pgstreams listener "
+    "sessions stuck sending to a process that stopped reading (see [the notification queue]"
+    "(docs/GUIDE.md#the-notification-queue)); 0.001 is 8 MB of the default 8 GB queue; `None` never ends one",
+)
+
+notify_shards: Setting[int] = Setting(
+    "NOTIFY_SHARDS",
+    1,
+    Rule(lambda v: _whole(v) and 1 <= v <= 4096, "a whole number of channels from 1 to 4096"),
+    "pgstreams.E026",
+    "notification channels the streams are spread over, by stream id; a process LISTENs only to those of the "
+    "streams its readers follow, so it receives and parses their notifications, not the cluster's (see "
+    "[a fleet](docs/GUIDE.md#a-fleet-of-processes)). Every process of a fleet must use the same value",
 )
 
 

@@ -23,8 +23,8 @@ arithmetic is in window.py, the queries in fetch.py, the readers' steps in waits
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
-import itertools
 import logging
 import random
 import threading
@@ -35,7 +35,7 @@ from typing import Any
 import psycopg
 from psycopg import pq, sql
 
-from . import conf, db, fetch, notify
+from . import conf, db, fetch, guard, notify
 from .exceptions import StreamError, StreamNotFound
 from .process import PerProcess
 from .stats import ListenerStats
@@ -59,11 +59,18 @@ class Listener:
         self._behind_pending = False  # a _fetch_behind() is scheduled
         self._fetch_limit = fetch.FETCH_KEYS
         self._conns: set[psycopg.AsyncConnection[Any]] = set()  # open, severed at stop
+        # Notification shards (NOTIFY_SHARDS): followed tails per shard, and the shards the LISTEN
+        # connection listens to (none while it is down). A tail of a shard not listened to yet is
+        # not fetched until it is (_collect), so no notification can fall between.
+        self._shard_tails: collections.Counter[int] = collections.Counter()
+        self._listened: set[int] = set()
+        self._listen_kicked = False
         self._stopped = False
         self.stats = ListenerStats()
         self.listening = threading.Event()  # set while LISTEN is in effect
         self._loop = asyncio.new_event_loop()
         self._work = asyncio.Event()
+        self._to_listen = asyncio.Event()  # a followed shard is not listened to yet
         self._stopping = asyncio.Event()
         self._thread = threading.Thread(target=self._run, name="pgstreams-listener", daemon=True)
         self._thread.start()
@@ -74,7 +81,11 @@ class Listener:
         with self._lock:
             tail = self._tails.get(stream_id)
             if tail is None:
-                tail = self._tails[stream_id] = self._followed[stream_id.hex] = Tail(stream_id)
+                tail = Tail(stream_id, notify.shard_of(stream_id))
+                self._tails[stream_id] = self._followed[stream_id.hex] = tail
+                self._shard_tails[tail.shard] += 1
+                if tail.shard not in self._listened:
+                    self._kick_listen()
             tail.readers += 1
             return tail
 
@@ -85,9 +96,12 @@ class Listener:
                 self._forget(tail)
 
     def _forget(self, tail: Tail) -> None:
-        # With the lock held.
+        # With the lock held. Its shard is unlistened at the next check if no tail is left in it.
         del self._tails[tail.stream_id]
         del self._followed[tail.stream_id.hex]
+        self._shard_tails[tail.shard] -= 1
+        if not self._shard_tails[tail.shard]:
+            del self._shard_tails[tail.shard]
 
     def step(self, tail: Tail, pos: int, loop: asyncio.AbstractEventLoop | None) -> Step:
         """What a reader at ``pos`` does next (waits.py): take chunks, end, or wait for a page
@@ -155,6 +169,15 @@ class Listener:
         self.stats.notifications += 1
         self.stats.entries += len(entries)
         self.stats.hear_seconds += time.thread_time() - began
+
+    def _kick_listen(self) -> None:
+        # Called with the lock held.
+        if not self._listen_kicked:
+            self._listen_kicked = True
+            try:
+                self._loop.call_soon_threadsafe(self._to_listen.set)
+            except RuntimeError:  # the loop is closed: the listener stopped
+                pass
 
     def _kick(self) -> None:
         # Called with the lock held; coalesces wake-ups of the loop.
@@ -229,15 +252,13 @@ class Listener:
             try:
                 conn = await self._connect(conf.listen_database(), "listener")
                 async with db.deadline(conn, "LISTEN"):
-                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(conf.channel())))
+                    await conn.execute(_session_statement())
                 if connected_before:
                     self.stats.reconnects += 1
                 connected_before = True
                 backoff.reset()
                 self.listening.set()
-                # Whatever was announced while nobody listened is fetched now.
-                self._refetch_all()
-                await self._hear(conn)
+                await self._hear(conn)  # LISTENs first, then fetches what was announced meanwhile
             except Exception as exc:  # a database blip must not end the loop
                 if self._stopping.is_set():
                     return  # severed by stop()
@@ -245,6 +266,8 @@ class Listener:
                 logger.warning("pgstreams: listener connection lost, reconnecting: %s", exc)
             finally:
                 self.listening.clear()
+                with self._lock:
+                    self._listened = set()  # tails are fetched without waiting for a LISTEN
                 if conn is not None:
                     await self._disconnect(conn)
             # Notifications may have been missed: every followed stream is read again at once.
@@ -252,18 +275,66 @@ class Listener:
             await asyncio.sleep(backoff.next())
 
     async def _hear(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Announce what notifications say, until the connection fails. After
-        LISTEN_CHECK_INTERVAL without one, a query proves the connection alive (or, unanswered
-        within QUERY_TIMEOUT, fails it): a peer that vanished sends no error, only silence."""
+        """Announce what notifications say, until the connection fails. Every
+        LISTEN_CHECK_INTERVAL a query proves the connection alive (or, unanswered within
+        QUERY_TIMEOUT, fails it: a peer that vanished sends no error, only silence), shows
+        Postgres that this listener runs (guard.py) and reads the notification queue's usage."""
         while True:
-            heard = False
-            async for note in conn.notifies(timeout=conf.listen_check_interval()):
-                heard = True
-                self.hear(note.payload)
-            if not heard:
-                async with db.deadline(conn, "checking the LISTEN connection"):
-                    await conn.execute("SELECT 1")
-                self.stats.listen_checks += 1
+            check_at = time.monotonic() + conf.listen_check_interval()
+            while (left := check_at - time.monotonic()) > 0:
+                await self._listen(conn)
+                await self._hear_until(conn, left)
+            async with db.deadline(conn, "checking the LISTEN connection"):
+                usage = (await (await conn.execute(guard.USAGE_SQL)).fetchone())[0]
+                if guard.due(usage):
+                    await guard.alook(conn, usage)
+                await self._unlisten(conn)
+            self.stats.listen_checks += 1
+
+    async def _hear_until(self, conn: psycopg.AsyncConnection[Any], timeout: float) -> None:
+        """Hear notifications for ``timeout`` seconds, or until a shard is to be listened to."""
+        if self._to_listen.is_set():
+            return
+        hearing = asyncio.ensure_future(self._notes(conn, timeout))
+        asked = asyncio.ensure_future(self._to_listen.wait())
+        try:
+            await asyncio.wait((hearing, asked), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (hearing, asked):
+                task.cancel()  # between reads: psycopg has consumed nothing it has not yielded
+            await asyncio.gather(hearing, asked, return_exceptions=True)
+        if not hearing.cancelled() and hearing.exception() is not None:
+            raise hearing.exception()  # type: ignore[misc]
+
+    async def _notes(self, conn: psycopg.AsyncConnection[Any], timeout: float) -> None:
+        async for note in conn.notifies(timeout=timeout):
+            self.hear(note.payload)
+
+    async def _listen(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """LISTEN to the followed shards not listened to yet, then fetch their tails: what was
+        announced before the LISTEN took effect is read, what comes after is heard."""
+        with self._lock:
+            self._to_listen.clear()
+            self._listen_kicked = False
+            shards = set(self._shard_tails) - self._listened
+        if not shards:
+            return
+        async with db.deadline(conn, "LISTEN"):
+            await conn.execute(_shards_statement("LISTEN", shards))
+        with self._lock:
+            self._listened |= shards
+            for tail in self._tails.values():
+                if tail.shard in shards:
+                    tail.dirty = True
+            self._work.set()
+
+    async def _unlisten(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """UNLISTEN the shards no followed stream is in (a tail attached meanwhile listens again)."""
+        with self._lock:
+            shards = self._listened - set(self._shard_tails)
+            self._listened -= shards
+        if shards:
+            await conn.execute(_shards_statement("UNLISTEN", shards))
 
     async def _poll_forever(self) -> None:
         while True:
@@ -396,10 +467,15 @@ class Listener:
         then dirty tails. What does not fit stays pending, for a round that follows at once."""
         with self._lock:
             self._kicked = False
-            keys = dict.fromkeys(itertools.islice(self._requests, limit))
-            more = len(self._requests) > len(keys)
+            # While LISTEN is up, a shard not listened to yet waits for its LISTEN (_listen).
+            held = self._shard_tails.keys() - self._listened if self.listening.is_set() else set()
+            ready = [key for key in self._requests if not held or notify.shard_of(key[0]) not in held]
+            keys = dict.fromkeys(ready[:limit])
+            more = len(ready) > limit
             polled = set()
             for tail in self._tails.values():
+                if held and tail.shard in held:
+                    continue
                 if tail.dirty and tail.start is not None:
                     key = (tail.stream_id, tail.end)
                     if key not in keys and len(keys) >= limit:
@@ -491,6 +567,21 @@ class Listener:
     @property
     def stopped(self) -> bool:
         return self._stopped
+
+
+def _session_statement() -> sql.Composed:
+    """The server's ``tcp_user_timeout`` for the LISTEN session, as our own: over TCP, a process
+    that stops reading has its session cut within QUERY_TIMEOUT of the server's first
+    unacknowledged send, instead of holding the notification queue (a Unix socket ignores it;
+    guard.py covers both)."""
+    return sql.SQL("SET tcp_user_timeout = {}").format(sql.Literal(db.liveness_params()["tcp_user_timeout"]))
+
+
+def _shards_statement(command: str, shards: set[int]) -> sql.Composed:
+    """``LISTEN`` or ``UNLISTEN`` of the shards' channels, in one round trip."""
+    return sql.SQL("; ").join(
+        sql.SQL(command + " {}").format(sql.Identifier(notify.channel_of(shard))) for shard in sorted(shards)
+    )
 
 
 _listeners: PerProcess[Listener] = PerProcess(Listener, Listener.stop, alive=lambda listener: not listener.stopped)

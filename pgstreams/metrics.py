@@ -47,6 +47,14 @@ delivery_seconds = Histogram(
     "From a chunk's commit (its created_at, the writing transaction's time) to its send to a browser.",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+notify_queue_usage = Gauge(
+    "pgstreams_notify_queue_usage",
+    "The fraction of Postgres' notification queue in use, as this process last read it.",
+)
+stuck_listeners_ended = Counter(
+    "pgstreams_stuck_listeners_ended",
+    "Listener sessions of stopped or frozen processes this process ended to free the notification queue.",
+)
 
 
 def exposition() -> tuple[bytes, str]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import psycopg
 
-from . import conf, db, metrics
+from . import conf, db, guard, metrics
 from .process import PerProcess
 from .stats import FlusherStats
 from .types import Mark
@@ -56,6 +56,36 @@ def decode(payload: str) -> Iterator[Mark]:
             yield mark
 
 
+def shard_of(stream_id: uuid.UUID) -> int:
+    """The notification shard of a stream (NOTIFY_SHARDS)."""
+    return stream_id.int % conf.notify_shards()
+
+
+def channel_of(shard: int) -> str:
+    """A shard's channel: CHANNEL itself when there is one shard, else ``<CHANNEL>_<shard>``."""
+    return conf.channel() if conf.notify_shards() == 1 else f"{conf.channel()}_{shard}"
+
+
+def channel_for(stream_id: uuid.UUID) -> str:
+    return channel_of(shard_of(stream_id))
+
+
+def notes(marks: Iterable[Mark]) -> tuple[list[str], list[str]]:
+    """The notifications that announce ``marks``, as (channels, payloads): each stream's entry
+    on its shard's channel, a shard's entries packed into as few payloads as fit."""
+    shards = conf.notify_shards()
+    by_shard: dict[int, list[Mark]] = {}
+    for mark in marks:
+        by_shard.setdefault(mark.stream_id.int % shards, []).append(mark)
+    channels: list[str] = []
+    payloads: list[str] = []
+    for shard, group in by_shard.items():
+        packed = pack(group)
+        channels += [channel_of(shard)] * len(packed)
+        payloads += packed
+    return channels, payloads
+
+
 def pack(marks: Iterable[Mark], limit: int = PAYLOAD_LIMIT) -> list[str]:
     """Join encoded marks with commas into as few payloads as fit under ``limit`` bytes each."""
     payloads: list[str] = []
@@ -78,8 +108,9 @@ def pack(marks: Iterable[Mark], limit: int = PAYLOAD_LIMIT) -> list[str]:
 # statement's transaction only (set_config's third argument), never for the session: behind
 # PgBouncer in transaction mode the server connection goes on to serve other clients.
 NOTIFY_SQL = """
-SELECT pg_notify(%s, payload)
-FROM (SELECT set_config('synchronous_commit', 'off', true)) AS local, unnest(%s::text[]) AS payload
+SELECT pg_notify(channel, payload), pg_notification_queue_usage()
+FROM (SELECT set_config('synchronous_commit', 'off', true)) AS local,
+     unnest(%s::text[], %s::text[]) AS note(channel, payload)
 """
 
 
@@ -144,13 +175,13 @@ class Flusher:
             batch, self._pending = self._pending, {}
         if not batch:
             return 0.0
-        payloads = pack(batch.values())
+        channels, payloads = notes(batch.values())
         started = time.monotonic()
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = db.connect(conf.database(), "flusher")
             with db.watched(self._conn, "flushing notifications"):
-                self._conn.execute(NOTIFY_SQL, (conf.channel(), payloads))
+                usage = self._conn.execute(NOTIFY_SQL, (channels, payloads)).fetchone()[1]
         except Exception as exc:  # a database blip must not kill the thread
             self.stats.dropped += len(batch)
             self.stats.failed_flushes += 1
@@ -167,7 +198,18 @@ class Flusher:
         self.stats.flushes += 1
         self.stats.notified += len(batch)
         self.stats.payloads += len(payloads)
+        if guard.due(usage):
+            self._guard(usage)
         return 0.0
+
+    def _guard(self, usage: float) -> None:
+        """End the listeners that pin the notification queue (guard.py)."""
+        try:
+            with db.watched(self._conn, "ending stuck listeners"):
+                guard.look(self._conn, usage)
+        except Exception as exc:  # the flush went through; the next one reconnects
+            logger.warning("pgstreams: could not look for stuck listeners: %s", exc)
+            self._close()
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop the thread after a final flush of what is pending (the flush at exit).

@@ -145,7 +145,7 @@ def _level(synchronous_commit: str | None) -> str | None:
 def _execute(kind: str, alias: str, mode: str, level: str | None, params: dict[str, Any]) -> list[tuple[Any, ...]]:
     sql = _statement(kind, mode == "per_write", level is not None)
     if mode == "per_write":
-        params = {**params, "channel": conf.channel(), "hex": params["id"].hex}
+        params = {**params, "channel": notify.channel_for(params["id"]), "hex": params["id"].hex}
     if level is not None:
         params = {**params, "level": level, "levels": list(conf.SYNCHRONOUS_COMMIT_LEVELS)}
     with pgstreams_cursor(alias) as cursor:

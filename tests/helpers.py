@@ -31,7 +31,7 @@ from psycopg.conninfo import make_conninfo
 
 import pgstreams
 from demo_project.workers import start_worker
-from pgstreams import notify
+from pgstreams import conf, notify
 from pgstreams.types import Mark
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -185,10 +185,20 @@ def appender_held() -> Iterator[HeldAppender]:
 
 
 class Heard(NamedTuple):
-    """One notification: the backend that sent it and its marks (of the streams asked about)."""
+    """One notification: the backend that sent it, its channel and its marks (of the streams
+    asked about)."""
 
     pid: int
+    channel: str
     marks: list[Mark]
+
+
+def listen_everywhere(conn: psycopg.Connection[Any]) -> None:
+    """LISTEN on every notification channel of pgstreams (each shard's, with NOTIFY_SHARDS)."""
+    from psycopg import sql
+
+    for shard in range(conf.notify_shards()):
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(notify.channel_of(shard))))
 
 
 def heard(
@@ -200,10 +210,11 @@ def heard(
     linger: float = 0.0,
 ) -> list[Heard]:
     """The notifications about ``streams`` that arrive on ``conn`` (which LISTENs on pgstreams'
-    channel), until ``until(heard)`` holds, then ``linger`` seconds more (to catch one sent twice),
-    or until ``timeout``. Notifications about other streams, which any writer of the database may
-    send, are left out. It waits with select() and reads with libpq's own calls: psycopg's
-    ``notifies(timeout=...)`` was once seen here to go on waiting on an idle socket for ever."""
+    channels: ``listen_everywhere``), until ``until(heard)`` holds, then ``linger`` seconds more
+    (to catch one sent twice), or until ``timeout``. Notifications about other streams, which
+    any writer of the database may send, are left out. It waits with select() and reads with
+    libpq's own calls: psycopg's ``notifies(timeout=...)`` was once seen here to go on waiting on
+    an idle socket for ever."""
     wanted = set(streams)
     got: list[Heard] = []
     deadline = time.monotonic() + timeout
@@ -213,7 +224,7 @@ def heard(
         while (note := conn.pgconn.notifies()) is not None:
             marks = [m for m in notify.decode(note.extra.decode()) if m.stream_id in wanted]
             if marks:
-                got.append(Heard(note.be_pid, marks))
+                got.append(Heard(note.be_pid, note.relname.decode(), marks))
         if deadline - time.monotonic() > linger and until(got):
             deadline = time.monotonic() + linger
     return got

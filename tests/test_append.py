@@ -21,7 +21,7 @@ from pgstreams import appender, appends, conf, db, listener, notify, resolution
 from pgstreams import batch as batches
 from pgstreams.durable import creates
 from pgstreams.models import Chunk, Stream
-from tests.helpers import Rollback, appender_held, heard
+from tests.helpers import Rollback, appender_held, heard, listen_everywhere
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -482,8 +482,9 @@ def test_readers_in_the_appending_process_are_woken_at_commit_not_by_the_flush()
 def test_notifications_go_out_once_per_batch() -> None:
     streams = [pgstreams.create_stream().id for _ in range(10)]
     with psycopg.connect(**db.connect_kwargs(conf.database(), "test")) as listen:
-        listen.execute("LISTEN pgstreams")
-        with override_settings(PGSTREAMS={"NOTIFY_MODE": "per_write", "APPEND_INTERVAL": 0.02}):
+        # One channel: a batch's streams are announced in one notification (with shards, one per shard).
+        with override_settings(PGSTREAMS={"NOTIFY_MODE": "per_write", "APPEND_INTERVAL": 0.02, "NOTIFY_SHARDS": 1}):
+            listen_everywhere(listen)
             before = stats().snapshot()
 
             async def many() -> None:
@@ -509,7 +510,7 @@ def test_a_batch_announced_in_the_transaction_is_not_announced_again_after_it() 
     future.add_done_callback(lambda _: per_write.disable())  # back to "buffered", the default
     try:
         with psycopg.connect(**db.connect_kwargs(conf.database(), "test")) as listen:
-            listen.execute("LISTEN pgstreams")
+            listen_everywhere(listen)
             appender.appender(conf.database()).submit(batches.Append(sid, future, data="x"))
             assert future.result(timeout=10) == 0
             notes = heard(listen, [sid], until=lambda notes: len(notes) >= 1, linger=0.5)

@@ -14,7 +14,7 @@ from django.db import connection
 
 from pgstreams import db, notify
 from pgstreams.types import Mark
-from tests.helpers import heard
+from tests.helpers import heard, listen_everywhere
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def listen() -> Iterator[psycopg.Connection]:
     with db.connect("default", "test-listen") as conn:
-        conn.execute("LISTEN pgstreams")
+        listen_everywhere(conn)
         yield conn
 
 

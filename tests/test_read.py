@@ -14,7 +14,7 @@ from django.db import connection
 from django.test import override_settings
 
 import pgstreams
-from pgstreams import conf, db, fetch, listener, window
+from pgstreams import conf, db, fetch, listener, notify, window
 from pgstreams.models import Stream
 from pgstreams.types import Mark
 from tests.helpers import delete_chunks
@@ -495,7 +495,7 @@ def test_a_notification_for_an_offset_the_stream_has_not_reached_costs_one_fetch
         time.sleep(0.01)
     before = hub.stats.snapshot()
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_notify(%s, %s)", [conf.channel(), entry.format(hex=s.id.hex)])
+        cursor.execute("SELECT pg_notify(%s, %s)", [notify.channel_for(s.id), entry.format(hex=s.id.hex)])
     time.sleep(2.0)
     counted = hub.stats - before
     pgstreams.write(s.id, "b")

@@ -23,7 +23,7 @@ from prometheus_client import REGISTRY
 
 import pgstreams
 from bench.replica import ReplicaPair
-from pgstreams import conf, listener, notify
+from pgstreams import listener, notify
 from pgstreams.conf import SYNCHRONOUS_COMMIT_LEVELS
 from tests.helpers import Reader
 
@@ -190,7 +190,7 @@ def test_a_notification_for_an_offset_not_reached_costs_a_reader_on_the_standby_
     hub = listener.get_listener()
     before = hub.stats.snapshot()
     with pair.connect("primary") as conn:
-        conn.execute("SELECT pg_notify(%s, %s)", [conf.channel(), entry.format(hex=s.id.hex)])
+        conn.execute("SELECT pg_notify(%s, %s)", [notify.channel_for(s.id), entry.format(hex=s.id.hex)])
     time.sleep(2.0)
     counted = hub.stats - before
     pgstreams.write(s, "b")

@@ -368,5 +368,5 @@ def _append_chunks(alias: str, stream: Stream, start: int, items: list[str | byt
     mode = conf.notify_mode()
     if mode == "per_write":  # in the transaction, as write() sends it in this mode
         with connections[alias].cursor() as cursor:
-            cursor.execute("SELECT pg_notify(%s, %s)", [conf.channel(), notify.encode(mark)])
+            cursor.execute("SELECT pg_notify(%s, %s)", [notify.channel_for(mark.stream_id), notify.encode(mark)])
     after_commit(alias, mode, mark, len(items))

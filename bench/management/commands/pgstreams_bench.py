@@ -13,6 +13,7 @@ from bench.durable import DurableConfig, run_durable
 from bench.durable import table as durable_table
 from bench.fanout import TRANSPORTS, FanoutConfig, Shape, run_fanout
 from bench.fanout import table as fanout_table
+from bench.fleet import FrozenConfig, frozen_table, run_frozen
 from bench.llm import LlmConfig, run_llm
 from bench.llm_procs import APPEND_METHODS, METHODS, PACE
 from bench.report import plot, table
@@ -29,7 +30,8 @@ class Command(BaseCommand):
         "or, with --llm, token streams written at a fixed rate per write method; "
         "or, with --durable, the Durable Streams endpoint next to the protocol's reference server; "
         "or, with --catch-up, one reader catching up over WebSocket and SSE, per chunk size; "
-        "or, with --takeover, generations in flight on task workers killed at random."
+        "or, with --takeover, generations in flight on task workers killed at random; "
+        "or, with --frozen, one of three reader processes stopped while its notifications fill the queue."
     )
 
     def add_arguments(self, parser: Any) -> None:
@@ -129,6 +131,17 @@ class Command(BaseCommand):
         parser.add_argument("--generations", type=int, default=100, help="with --takeover: answers in flight")
         parser.add_argument("--kills", type=int, default=20, help="with --takeover: workers killed")
         parser.add_argument(
+            "--frozen",
+            action="store_true",
+            help="instead of the modes: a writer and three reader processes on a scratch server whose notification "
+            "queue fills in seconds, one reader stopped for --stopped seconds, in buffered and per_write mode (or "
+            "--mode); the others' latency before, during and after, failed writes, the stopped one's catch-up",
+        )
+        parser.add_argument("--stopped", type=float, default=60.0, help="with --frozen: seconds the reader is stopped")
+        parser.add_argument(
+            "--no-guard", action="store_true", help="with --frozen: NOTIFY_QUEUE_GUARD None (no listener is ended)"
+        )
+        parser.add_argument(
             "--processes", default="1,2", help="daphne process counts for --durable, comma-separated (default 1,2)"
         )
         parser.add_argument(
@@ -161,7 +174,19 @@ class Command(BaseCommand):
         if o["duration"] <= 0 or (o["rate"] is not None and o["rate"] <= 0):
             raise CommandError("--duration and --rate must be positive")
         replica_writers = _counts(o, "replica_writers")
-        if o["takeover"]:
+        if o["frozen"]:
+            modes = ("buffered", "per_write") if o["mode"] == "all" else (o["mode"],)
+            if set(modes) - {"buffered", "per_write"} or o["stopped"] <= 0:
+                raise CommandError("--frozen runs --mode buffered or per_write (or all: both), --stopped above 0")
+            guard = None if o["no_guard"] else FrozenConfig.guard
+            report = {
+                "frozen": [
+                    run_frozen(FrozenConfig(mode=mode, stopped=o["stopped"], guard=guard), say=self.say)
+                    for mode in modes
+                ]
+            }
+            self.stdout.write("\n\n".join(frozen_table(run) for run in report["frozen"]))
+        elif o["takeover"]:
             if o["generations"] < 1 or o["kills"] < 0:
                 raise CommandError("--generations must be at least 1 and --kills at least 0")
             config = TakeoverConfig(generations=o["generations"], kills=o["kills"])
@@ -186,7 +211,7 @@ class Command(BaseCommand):
             with open(o["json_path"], "w") as f:
                 json.dump(report, f, indent=2)
             self.stdout.write(f"wrote {o['json_path']}")
-        if o["plot_path"] and not (o["durable"] or o["fanout_shapes"] or o["catch_up"] or o["takeover"]):
+        if o["plot_path"] and not (o["durable"] or o["fanout_shapes"] or o["catch_up"] or o["takeover"] or o["frozen"]):
             plot(report, o["plot_path"])
             self.stdout.write(f"wrote {o['plot_path']}")
 
