@@ -1,6 +1,6 @@
 """pgstreams_bench in a tiny configuration, so that it keeps working: every mode, the pgbench
 ceiling, the WebSocket mode, the replica sweep, the fan-out shapes, the Durable Streams load, the
-LLM shape (every write method), the JSON and the plot."""
+LLM shape (every write method), the fleet shapes, the JSON and the plot."""
 
 from __future__ import annotations
 
@@ -165,6 +165,26 @@ def test_a_tiny_takeover_run_loses_and_repeats_nothing(tmp_path) -> None:
     assert report["kills"] == report["taken_over"] == 2
     assert (report["duplicated"], report["lost"]) == (0, 0) and report["chunks_per_s"] > 0
     assert "takeover p50/p99/max ms" in done.stdout
+
+
+@pytest.mark.slow
+def test_a_tiny_fleet_run_shares_the_notifications_out_by_shard(tmp_path) -> None:
+    """Twenty streams over two reader processes and 256 channels: in the share shape each process
+    hears about the streams it follows (about half the entries), in the broadcast shape all."""
+    out = tmp_path / "fleet.json"
+    command = [sys.executable, "manage.py", "pgstreams_bench", "--fleet", "share,broadcast", "--shards", "256"]
+    command += ["--fleet-processes", "2", "--fleet-streams", "20", "--fleet-rate", "200", "--duration", "2"]
+    env = {**os.environ, "DATABASE_URL": subprocess_database_url()}
+    done = subprocess.run(
+        command + ["--json", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    share, broadcast = (report["rows"][0] for report in json.loads(out.read_text())["fleet"])
+    for row in share, broadcast:
+        assert (row["processes"], row["coverage"], row["duplicates"]) == (2, 1.0, 0)
+        assert row["postgres_us_per_delivery"] > 0 and row["readers_us_per_delivery"] > 0
+    assert share["entries_per_process_s"] < 0.75 * broadcast["entries_per_process_s"]
+    assert "NOTIFY_SHARDS 256" in done.stdout
 
 
 def test_the_durable_catch_up_stream_must_have_a_size() -> None:

@@ -13,7 +13,7 @@ from bench.durable import DurableConfig, run_durable
 from bench.durable import table as durable_table
 from bench.fanout import TRANSPORTS, FanoutConfig, Shape, run_fanout
 from bench.fanout import table as fanout_table
-from bench.fleet import FrozenConfig, frozen_table, run_frozen
+from bench.fleet import SHAPES, FleetConfig, FrozenConfig, fleet_table, frozen_table, run_fleet, run_frozen
 from bench.llm import LlmConfig, run_llm
 from bench.llm_procs import APPEND_METHODS, METHODS, PACE
 from bench.report import plot, table
@@ -31,7 +31,8 @@ class Command(BaseCommand):
         "or, with --durable, the Durable Streams endpoint next to the protocol's reference server; "
         "or, with --catch-up, one reader catching up over WebSocket and SSE, per chunk size; "
         "or, with --takeover, generations in flight on task workers killed at random; "
-        "or, with --frozen, one of three reader processes stopped while its notifications fill the queue."
+        "or, with --frozen, one of three reader processes stopped while its notifications fill the queue; "
+        "or, with --fleet, reader processes in each shape and number."
     )
 
     def add_arguments(self, parser: Any) -> None:
@@ -142,6 +143,17 @@ class Command(BaseCommand):
             "--no-guard", action="store_true", help="with --frozen: NOTIFY_QUEUE_GUARD None (no listener is ended)"
         )
         parser.add_argument(
+            "--fleet",
+            default="",
+            help=f"instead of the modes: shapes among {', '.join(SHAPES)} (comma-separated), each run with every "
+            "count of --fleet-processes reader processes for --duration s, each with every --shards; deliveries, "
+            "latency, notifications per process, Postgres' and the readers' CPU per delivered chunk",
+        )
+        parser.add_argument("--fleet-processes", default="1,2,4,8,16", help="with --fleet: reader process counts")
+        parser.add_argument("--shards", default="1", help="with --fleet: NOTIFY_SHARDS values, comma-separated")
+        parser.add_argument("--fleet-streams", type=int, default=1000, help="with --fleet: streams written")
+        parser.add_argument("--fleet-rate", type=float, default=2000.0, help="with --fleet: chunks/s in total")
+        parser.add_argument(
             "--processes", default="1,2", help="daphne process counts for --durable, comma-separated (default 1,2)"
         )
         parser.add_argument(
@@ -174,7 +186,25 @@ class Command(BaseCommand):
         if o["duration"] <= 0 or (o["rate"] is not None and o["rate"] <= 0):
             raise CommandError("--duration and --rate must be positive")
         replica_writers = _counts(o, "replica_writers")
-        if o["frozen"]:
+        if o["fleet"]:
+            shapes = o["fleet"].split(",")
+            if set(shapes) - set(SHAPES) or o["fleet_streams"] < 1 or o["fleet_rate"] <= 0:
+                raise CommandError(f"--fleet takes shapes among {', '.join(SHAPES)}; --fleet-streams and -rate > 0")
+            processes, shard_counts = _counts(o, "fleet_processes"), _counts(o, "shards")
+            report = {"fleet": []}
+            for shape in shapes:
+                for shards in shard_counts:
+                    config = FleetConfig(
+                        processes=processes,
+                        shape=shape,
+                        shards=shards,
+                        streams=o["fleet_streams"],
+                        rate=o["fleet_rate"],
+                        duration=o["duration"],
+                    )
+                    report["fleet"].append(run_fleet(config, say=self.say))
+                    self.stdout.write(fleet_table(report["fleet"][-1]))
+        elif o["frozen"]:
             modes = ("buffered", "per_write") if o["mode"] == "all" else (o["mode"],)
             if set(modes) - {"buffered", "per_write"} or o["stopped"] <= 0:
                 raise CommandError("--frozen runs --mode buffered or per_write (or all: both), --stopped above 0")
@@ -211,7 +241,8 @@ class Command(BaseCommand):
             with open(o["json_path"], "w") as f:
                 json.dump(report, f, indent=2)
             self.stdout.write(f"wrote {o['json_path']}")
-        if o["plot_path"] and not (o["durable"] or o["fanout_shapes"] or o["catch_up"] or o["takeover"] or o["frozen"]):
+        other_modes = ("durable", "fanout_shapes", "catch_up", "takeover", "frozen", "fleet")
+        if o["plot_path"] and not any(o[mode] for mode in other_modes):
             plot(report, o["plot_path"])
             self.stdout.write(f"wrote {o['plot_path']}")
 
