@@ -23,6 +23,7 @@ from typing import Any
 
 from . import procs, run
 from .scratch import ScratchServer, installed
+from .ws import _free_port
 
 ALIAS = "pgstreams_fleet"
 
@@ -40,6 +41,7 @@ class FrozenConfig:
     guard: float | None = 0.001  # NOTIFY_QUEUE_GUARD; None: no process ends a listener
     check_interval: float = 1.0  # LISTEN_CHECK_INTERVAL: a listener is stuck after 3 of them
     window: float = 5.0  # seconds per latency window
+    tcp: bool = False  # every connection over TCP on 127.0.0.1 (else the server's Unix socket)
 
 
 WRITER_THREADS = 4
@@ -47,7 +49,8 @@ WRITER_THREADS = 4
 
 def run_frozen(config: FrozenConfig, say: Callable[[str], None] = print) -> dict[str, Any]:
     say(f"frozen reader, {config.mode}: a server whose notification queue holds {config.queue_pages} pages")
-    server = ScratchServer(max_notify_queue_pages=config.queue_pages)
+    tcp_port = _free_port() if config.tcp else None
+    server = ScratchServer(max_notify_queue_pages=config.queue_pages, tcp_port=tcp_port)
     with server, installed({ALIAS: server.database()}, ALIAS):
         settings = {
             "DATABASE": ALIAS,
@@ -249,7 +252,8 @@ def _completeness(result: procs.ReaderResult, written: procs.WriterResult) -> di
 def frozen_table(report: dict[str, Any]) -> str:
     config = report["config"]
     lines = [
-        f"frozen reader ({config['mode']}, queue {config['queue_pages']} pages, guard {config['guard']}): "
+        f"frozen reader ({config['mode']}{', TCP' if config['tcp'] else ''}, queue {config['queue_pages']} pages, "
+        f"guard {config['guard']}): "
         f"{report['written']} chunks written, {report['write_errors']} writes and {report['failed_flushes']} "
         f"flushes failed; listener ended {report['listener_ended_after_s']} s after the stop, "
         f"queue peak {100 * report['queue_peak']:.1f}%",

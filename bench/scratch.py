@@ -99,8 +99,10 @@ class Scratch:
         self.run("initdb", "-D", data, "-U", "postgres", "--auth=trust", "--encoding=UTF8", "--no-sync")
 
     def configure(self, data: Path, **values: Any) -> None:
+        """Append settings to the server's postgresql.conf; it listens on its Unix socket only
+        unless ``values`` give it ``listen_addresses``."""
+        values = {"listen_addresses": "", "unix_socket_directories": self.root, **values}
         lines = [f"{name} = '{value}'" for name, value in values.items()]
-        lines += ["listen_addresses = ''", f"unix_socket_directories = '{self.root}'"]
         with open(data / "postgresql.conf", "a") as conf:
             conf.write(f"\n# {type(self).__name__}\n" + "\n".join(lines) + "\n")
 
@@ -135,27 +137,33 @@ class Scratch:
 
 
 class ScratchServer(Scratch):
-    """One server with ``settings`` in its postgresql.conf: ``with ScratchServer(max_notify_queue_pages=64)``."""
+    """One server with ``settings`` in its postgresql.conf: ``with ScratchServer(max_notify_queue_pages=64)``.
+    With ``tcp_port``, it also listens on that port of 127.0.0.1, and ``database()`` connects there."""
 
     PREFIX = "pgstreams-server-"
-    PORT = 5434  # only names the socket file in the directory
+    PORT = 5434  # names the socket file in the directory
     data = ("data",)
 
-    def __init__(self, **settings: Any) -> None:
+    def __init__(self, *, tcp_port: int | None = None, **settings: Any) -> None:
         super().__init__()
+        self.tcp_port = tcp_port
         self.settings = settings
 
     def build(self) -> None:
         data = self.root / "data"
         self.initdb(data)
-        self.configure(data, port=self.PORT, **self.settings)
+        port = self.tcp_port or self.PORT
+        tcp = {"listen_addresses": "127.0.0.1"} if self.tcp_port else {}
+        self.configure(data, port=port, **tcp, **self.settings)
         self.pg_ctl(data, "start")
 
     def database(self) -> dict[str, Any]:
+        if self.tcp_port:
+            return {**self.entry(self.tcp_port), "HOST": "127.0.0.1"}
         return self.entry(self.PORT)
 
     def connect(self) -> psycopg.Connection[Any]:
-        return self.connect_to(self.PORT)
+        return self.connect_to(self.tcp_port or self.PORT)
 
 
 @contextlib.contextmanager

@@ -9,15 +9,19 @@ each stream's state, in one snapshot, and wakes the readers of the tails that mo
 never query the database themselves: ``step()`` tells a reader what to do next (waits.py), and
 readers asking for the same page share one fetch.
 
-Readers wait for "the tail has passed my offset", never for a flag another reader could clear.
-Every query has QUERY_TIMEOUT to be answered, and a LISTEN connection silent for
-LISTEN_CHECK_INTERVAL is checked with a query, so a connection whose peer vanished is replaced
-within seconds. This module does not write to the database and does not know about the
-notification buffer.
+The LISTEN connection listens to the notification shards (NOTIFY_SHARDS) of the streams
+followed here, and a stream is fetched only once its shard is listened to.
 
-About 460 lines, over the project's 350: what is left is one class whose parts (the readers'
-side, the three loops, delivery) all act on the same tails under one lock; the window
-arithmetic is in window.py, the queries in fetch.py, the readers' steps in waits.py.
+Readers wait for "the tail has passed my offset", never for a flag another reader could clear.
+Every query has QUERY_TIMEOUT to be answered, and the LISTEN connection is checked with a query
+every LISTEN_CHECK_INTERVAL (which also reads the notification queue's usage for guard.py), so
+a connection whose peer vanished is replaced within seconds. This module does not write to the
+database and does not know about the notification buffer.
+
+About 600 lines, over the project's 350: what is left is one class whose parts (the readers'
+side, the three loops, the shards listened to, delivery) all act on the same tails under one
+lock; the window arithmetic is in window.py, the queries in fetch.py, the readers' steps in
+waits.py, the stuck listeners in guard.py.
 """
 
 from __future__ import annotations

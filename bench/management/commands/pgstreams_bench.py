@@ -142,6 +142,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--no-guard", action="store_true", help="with --frozen: NOTIFY_QUEUE_GUARD None (no listener is ended)"
         )
+        parser.add_argument("--tcp", action="store_true", help="with --frozen: connect over TCP on 127.0.0.1")
         parser.add_argument(
             "--fleet",
             default="",
@@ -211,7 +212,7 @@ class Command(BaseCommand):
             guard = None if o["no_guard"] else FrozenConfig.guard
             report = {
                 "frozen": [
-                    run_frozen(FrozenConfig(mode=mode, stopped=o["stopped"], guard=guard), say=self.say)
+                    run_frozen(FrozenConfig(mode=mode, stopped=o["stopped"], guard=guard, tcp=o["tcp"]), say=self.say)
                     for mode in modes
                 ]
             }

@@ -55,6 +55,7 @@
       target.searchParams.set("from", String(this.next));
       const ws = (this.ws = new WebSocket(target.href));
       this.acked = this.next;
+      this.lastError = null; // this socket's error frame: why it closes
       this.onStatus(this.attempt ? "reconnecting" : "connecting");
 
       ws.onopen = () => this.onStatus("live");
@@ -62,13 +63,16 @@
       ws.onclose = (event) => {
         clearTimeout(this.ackTimer);
         if (this.finished || ws !== this.ws) return;
-        if (event.code in PERMANENT) {
+        // The error frame decides, not the close code: a server that resets the connection
+        // (daphne does when the close is not answered within a second) loses the close frame.
+        const error = this.lastError || {};
+        const code = error.code || event.code;
+        if (code in PERMANENT) {
           this.finished = true;
-          const error = this.lastError || {};
           this.onStatus("failed");
           this.onError({
-            code: event.code,
-            message: error.message || PERMANENT[event.code],
+            code: code,
+            message: error.message || PERMANENT[code],
             firstOffset: error.first_offset, // 4410: where reading can resume
           });
           return;
@@ -107,6 +111,7 @@
         this.onEnd(message.next_offset);
       } else if (message.type === "error") {
         this.lastError = message;
+        ws.close(1000); // the server closes next; closing first leaves nothing to cut off
       }
     }
 
