@@ -334,12 +334,17 @@ def _fleet_run(config: FleetConfig, boot: procs.Boot, streams: list[str], count:
     try:
         for _ in children:
             _get(ready, children, 300)
-        postgres = _postgres_processes()
+        postmaster = _postmaster()
         reading = [psutil.Process(r.pid) for r in readers]
-        cpu_before = _cpu(postgres), _cpu(reading)
+        postgres_before, readers_before = _cpu(postmaster.children()), _cpu(reading)
         go.set()
-        collected = [_get(results, children, config.duration + 180) for _ in children]
-        postgres_cpu, readers_cpu = _cpu(postgres) - cpu_before[0], _cpu(reading) - cpu_before[1]
+        began = time.monotonic()
+        # CPU over the writing and a moment after, while every process is still there to ask.
+        time.sleep(config.duration + 0.5)
+        postgres_cpu = sum(_cpu(postmaster.children(), since=postgres_before).values())
+        readers_cpu = sum(_cpu(reading, since=readers_before).values())
+        measured = time.monotonic()
+        collected = [_get(results, children, 180) for _ in children]
     finally:
         for child in children:
             child.join(30)
@@ -349,25 +354,28 @@ def _fleet_run(config: FleetConfig, boot: procs.Boot, streams: list[str], count:
     got = [result for kind, result in collected if kind == "reader"]
     followed_by = {reader.pid: mine for reader, mine in zip(readers, followed, strict=True)}
     latencies = [lat for result in got for _, lat in _latencies(result, written, followed_by[result.pid])]
-    delivered = len(latencies)
     expected = sum(len(written.commits[sid]) for mine in followed for sid in mine)
-    elapsed = written.finished - written.started
+    elapsed = measured - began
+    delivered = sum(1 for result in got for at in result.received if at <= measured)  # in the CPU's window
     return {
         "processes": count,
         "written": sum(len(times) for times in written.commits.values()),
         "deliveries_per_s": round(delivered / elapsed, 1),
         "e2e_ms": run.percentiles(latencies, {"p50": 0.5, "p99": 0.99}),
-        "coverage": round(delivered / expected, 6) if expected else None,
+        "coverage": round(len(latencies) / expected, 6) if expected else None,
         "duplicates": sum(r.duplicates for r in got),
-        "entries_per_process_s": round(sum(r.entries for r in got) / len(got) / elapsed, 1),
-        "notifications_per_process_s": round(sum(r.notifications for r in got) / len(got) / elapsed, 1),
+        # Over each reader's own run, from its start to its streams' end.
+        "entries_per_process_s": round(sum(r.entries / r.elapsed for r in got) / len(got), 1),
+        "notifications_per_process_s": round(sum(r.notifications / r.elapsed for r in got) / len(got), 1),
+        "fetches_per_process_s": round(sum(r.fetches / r.elapsed for r in got) / len(got), 1),
         "postgres_us_per_delivery": round(1e6 * postgres_cpu / delivered, 1) if delivered else None,
         "readers_us_per_delivery": round(1e6 * readers_cpu / delivered, 1) if delivered else None,
     }
 
 
-def _postgres_processes() -> list[Any]:
-    """The processes of the server that the project's database runs on (its postmaster's children)."""
+def _postmaster() -> Any:
+    """The postmaster of the server that the project's database runs on; its children are the
+    server's processes."""
     import psutil
     from django.db import connections
 
@@ -375,21 +383,20 @@ def _postgres_processes() -> list[Any]:
 
     with connections[conf.database()].cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
-        backend = psutil.Process(cursor.fetchone()[0])
-    postmaster = backend.parent()
-    return [postmaster, *postmaster.children()]
+        return psutil.Process(cursor.fetchone()[0]).parent()
 
 
-def _cpu(processes: list[Any]) -> float:
-    """User and system CPU seconds of ``processes`` (those that have exited count what they had)."""
+def _cpu(processes: list[Any], since: dict[int, float] | None = None) -> dict[int, float]:
+    """User and system CPU seconds of each of ``processes`` by pid, less what it had ``since``
+    (a process that started since counts all of its own)."""
     import psutil
 
-    total = 0.0
+    used = {}
     for process in processes:
         with contextlib.suppress(psutil.Error):
             times = process.cpu_times()
-            total += times.user + times.system
-    return total
+            used[process.pid] = times.user + times.system - (since or {}).get(process.pid, 0.0)
+    return used
 
 
 def fleet_table(report: dict[str, Any]) -> str:

@@ -51,14 +51,14 @@ class Guard:
         self._lock = threading.Lock()
         self._next_look = 0.0
         self._next_warning = 0.0
-        self._unexplained_since: float | None = None  # looks have found nothing stuck since
+        self._unexplained: tuple[float, float] | None = None  # (since, usage): looks found nothing stuck
 
     def due(self, usage: float) -> bool:
         """Note the queue's usage; whether to look for stuck listeners now."""
         metrics.notify_queue_usage.set(usage)
         limit = conf.notify_queue_guard()
         if limit is None or usage < limit:
-            self._unexplained_since = None
+            self._unexplained = None
             return False
         with self._lock:
             now = time.monotonic()
@@ -83,12 +83,13 @@ class Guard:
                 100 * usage,
             )
         if any(row[4] for row in rows):
-            self._unexplained_since = None
+            self._unexplained = None
             return
         now = time.monotonic()
-        if self._unexplained_since is None:
-            self._unexplained_since = now
-        elif now - self._unexplained_since > 2 * _stuck_after():  # long enough for a stuck one to show
+        if self._unexplained is None:
+            self._unexplained = (now, usage)
+        elif now - self._unexplained[0] > 2 * _stuck_after() and usage > self._unexplained[1]:
+            # Long enough for a stuck listener to show, and growing: not a small queue's usual lag.
             self._warn(
                 "pgstreams: Postgres' notification queue is %.3g%% full and no pgstreams listener this role can see "
                 "is stuck: another application's session may hold it (see pg_stat_activity), or a listener of "
