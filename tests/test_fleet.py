@@ -32,7 +32,7 @@ def test_a_reader_process_stopped_for_a_minute_slows_no_other_reader_and_fails_n
     """One writer (400 chunks/s over 100 streams) and three reader processes following every
     stream, on a server whose queue holds 64 pages (filled in about 20 s: a run with
     ``guard=None`` shows the flushes, or in per_write mode the writes, failing, and the readers
-    falling to the poll, their p99 from 15 ms to over 1 s). The third reader is stopped for 60 s,
+    falling to the poll, their p99 from 13 ms to over 1 s). The third reader is stopped for 60 s,
     then continued."""
     with django_db_blocker.unblock():
         report = run_frozen(FrozenConfig(mode=mode))
