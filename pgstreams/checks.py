@@ -17,6 +17,16 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         for setting in conf.SETTINGS.values()
         if (error := setting.problem())
     ]
+    if not (conf.channel.problem() or conf.notify_shards.problem()) and conf.notify_shards() > 1:
+        longest = f"{conf.channel()}_{conf.notify_shards() - 1}"
+        if len(longest.encode()) > 63:
+            found.append(
+                Error(
+                    f"the notification channel {longest!r} is over Postgres' 63 bytes",
+                    hint="Shorten CHANNEL or lower NOTIFY_SHARDS in settings.PGSTREAMS.",
+                    id="pgstreams.E027",
+                )
+            )
     unknown = conf.unknown_keys()
     if unknown:
         found.append(

@@ -157,12 +157,12 @@ channel: Setting[str] = Setting(
     "CHANNEL",
     "pgstreams",
     Rule(
-        lambda v: isinstance(v, str) and bool(_IDENTIFIER.match(v)) and len(v.encode()) <= 58,
-        "a plain SQL identifier (letters, digits and underscores, not starting with a digit) of at most 58 bytes",
+        lambda v: isinstance(v, str) and bool(_IDENTIFIER.match(v)) and len(v.encode()) <= 63,
+        "a plain SQL identifier (letters, digits and underscores, not starting with a digit) of at most 63 bytes",
     ),
     "pgstreams.E005",
     "the LISTEN/NOTIFY channel, or with `NOTIFY_SHARDS` the channels' common name (`pgstreams_0`, `pgstreams_1`, "
-    "...): a plain identifier of at most 58 bytes",
+    "...): a plain identifier of at most 63 bytes, suffix included (`pgstreams.E027`)",
 )
 max_chunk_bytes: Setting[int] = Setting(
     "MAX_CHUNK_BYTES",
@@ -329,13 +329,14 @@ notify_queue_guard: Setting[float | None] = Setting(
     "NOTIFY_QUEUE_GUARD",
     0.001,
     Rule(
-        lambda v: v is None or ((_whole(v) or isinstance(v, float)) and 0 < v < 1),
+        lambda v: v is None or (isinstance(v, float) and 0 < v < 1),
         "None (never end a listener) or a fraction between 0 and 1, such as 0.001",
     ),
     "pgstreams.E025",
     "the fraction of Postgres' notification queue in use past which every process ends the pgstreams listener "
     "sessions stuck sending to a process that stopped reading (see [the notification queue]"
-    "(docs/GUIDE.md#the-notification-queue)); 0.001 is 8 MB of the default 8 GB queue; `None` never ends one",
+    "(docs/GUIDE.md#the-notification-queue)); 0.001 is 8 MB of the default 8 GB queue; `None` never ends one (nor "
+    "gives the LISTEN session a server-side `tcp_user_timeout`)",
 )
 
 notify_shards: Setting[int] = Setting(

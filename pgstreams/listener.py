@@ -9,8 +9,8 @@ each stream's state, in one snapshot, and wakes the readers of the tails that mo
 never query the database themselves: ``step()`` tells a reader what to do next (waits.py), and
 readers asking for the same page share one fetch.
 
-The LISTEN connection listens to the notification shards (NOTIFY_SHARDS) of the streams
-followed here, and a stream is fetched only once its shard is listened to.
+The LISTEN connection listens to the notification channels (one per shard, NOTIFY_SHARDS) of
+the streams followed here, and a stream is fetched only once its channel is listened to.
 
 Readers wait for "the tail has passed my offset", never for a flag another reader could clear.
 Every query has QUERY_TIMEOUT to be answered, and the LISTEN connection is checked with a query
@@ -19,7 +19,7 @@ a connection whose peer vanished is replaced within seconds. This module does no
 database and does not know about the notification buffer.
 
 About 600 lines, over the project's 350: what is left is one class whose parts (the readers'
-side, the three loops, the shards listened to, delivery) all act on the same tails under one
+side, the three loops, the channels listened to, delivery) all act on the same tails under one
 lock; the window arithmetic is in window.py, the queries in fetch.py, the readers' steps in
 waits.py, the stuck listeners in guard.py.
 """
@@ -63,18 +63,18 @@ class Listener:
         self._behind_pending = False  # a _fetch_behind() is scheduled
         self._fetch_limit = fetch.FETCH_KEYS
         self._conns: set[psycopg.AsyncConnection[Any]] = set()  # open, severed at stop
-        # Notification shards (NOTIFY_SHARDS): followed tails per shard, and the shards the LISTEN
-        # connection listens to (none while it is down). A tail of a shard not listened to yet is
-        # not fetched until it is (_collect), so no notification can fall between.
-        self._shard_tails: collections.Counter[int] = collections.Counter()
-        self._listened: set[int] = set()
+        # Notification channels (one per shard, NOTIFY_SHARDS): followed tails per channel, and the
+        # channels the LISTEN connection listens to (none while it is down). A tail whose channel is
+        # not listened to yet is not fetched until it is (_collect), so no notification can fall between.
+        self._channel_tails: collections.Counter[str] = collections.Counter()
+        self._listened: set[str] = set()
         self._listen_kicked = False
         self._stopped = False
         self.stats = ListenerStats()
-        self.listening = threading.Event()  # set while LISTEN is in effect
+        self.listening = threading.Event()  # set while the LISTEN connection is up (see _listened)
         self._loop = asyncio.new_event_loop()
         self._work = asyncio.Event()
-        self._to_listen = asyncio.Event()  # a followed shard is not listened to yet
+        self._to_listen = asyncio.Event()  # a followed channel is not listened to yet
         self._stopping = asyncio.Event()
         self._thread = threading.Thread(target=self._run, name="pgstreams-listener", daemon=True)
         self._thread.start()
@@ -85,10 +85,10 @@ class Listener:
         with self._lock:
             tail = self._tails.get(stream_id)
             if tail is None:
-                tail = Tail(stream_id, notify.shard_of(stream_id))
+                tail = Tail(stream_id, notify.channel_for(stream_id))
                 self._tails[stream_id] = self._followed[stream_id.hex] = tail
-                self._shard_tails[tail.shard] += 1
-                if tail.shard not in self._listened:
+                self._channel_tails[tail.channel] += 1
+                if tail.channel not in self._listened:
                     self._kick_listen()
             tail.readers += 1
             return tail
@@ -100,12 +100,12 @@ class Listener:
                 self._forget(tail)
 
     def _forget(self, tail: Tail) -> None:
-        # With the lock held. Its shard is unlistened at the next check if no tail is left in it.
+        # With the lock held. Its channel is unlistened at the next check if no tail is left on it.
         del self._tails[tail.stream_id]
         del self._followed[tail.stream_id.hex]
-        self._shard_tails[tail.shard] -= 1
-        if not self._shard_tails[tail.shard]:
-            del self._shard_tails[tail.shard]
+        self._channel_tails[tail.channel] -= 1
+        if not self._channel_tails[tail.channel]:
+            del self._channel_tails[tail.channel]
 
     def step(self, tail: Tail, pos: int, loop: asyncio.AbstractEventLoop | None) -> Step:
         """What a reader at ``pos`` does next (waits.py): take chunks, end, or wait for a page
@@ -255,8 +255,7 @@ class Listener:
             conn = None
             try:
                 conn = await self._connect(conf.listen_database(), "listener")
-                async with db.deadline(conn, "LISTEN"):
-                    await conn.execute(_session_statement())
+                await _limit_unacknowledged(conn)
                 if connected_before:
                     self.stats.reconnects += 1
                 connected_before = True
@@ -289,14 +288,14 @@ class Listener:
                 await self._listen(conn)
                 await self._hear_until(conn, left)
             async with db.deadline(conn, "checking the LISTEN connection"):
-                usage = (await (await conn.execute(guard.USAGE_SQL)).fetchone())[0]
+                usage = (await (await conn.execute(guard.signed(guard.USAGE_SQL))).fetchone())[0]
                 if guard.due(usage):
                     await guard.alook(conn, usage)
                 await self._unlisten(conn)
             self.stats.listen_checks += 1
 
     async def _hear_until(self, conn: psycopg.AsyncConnection[Any], timeout: float) -> None:
-        """Hear notifications for ``timeout`` seconds, or until a shard is to be listened to."""
+        """Hear notifications for ``timeout`` seconds, or until a channel is to be listened to."""
         if self._to_listen.is_set():
             return
         hearing = asyncio.ensure_future(self._notes(conn, timeout))
@@ -315,30 +314,30 @@ class Listener:
             self.hear(note.payload)
 
     async def _listen(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """LISTEN to the followed shards not listened to yet, then fetch their tails: what was
-        announced before the LISTEN took effect is read, what comes after is heard."""
+        """LISTEN to the followed streams' channels not listened to yet, then fetch their tails:
+        what was announced before the LISTEN took effect is read, what comes after is heard."""
         with self._lock:
             self._to_listen.clear()
             self._listen_kicked = False
-            shards = set(self._shard_tails) - self._listened
-        if not shards:
+            channels = set(self._channel_tails) - self._listened
+        if not channels:
             return
         async with db.deadline(conn, "LISTEN"):
-            await conn.execute(_shards_statement("LISTEN", shards))
+            await conn.execute(_channels_statement("LISTEN", channels))
         with self._lock:
-            self._listened |= shards
+            self._listened |= channels
             for tail in self._tails.values():
-                if tail.shard in shards:
+                if tail.channel in channels:
                     tail.dirty = True
             self._work.set()
 
     async def _unlisten(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """UNLISTEN the shards no followed stream is in (a tail attached meanwhile listens again)."""
+        """UNLISTEN the channels no followed stream is on (a tail attached meanwhile listens again)."""
         with self._lock:
-            shards = self._listened - set(self._shard_tails)
-            self._listened -= shards
-        if shards:
-            await conn.execute(_shards_statement("UNLISTEN", shards))
+            channels = self._listened - set(self._channel_tails)
+            self._listened -= channels
+        if channels:
+            await conn.execute(_channels_statement("UNLISTEN", channels))
 
     async def _poll_forever(self) -> None:
         while True:
@@ -471,14 +470,14 @@ class Listener:
         then dirty tails. What does not fit stays pending, for a round that follows at once."""
         with self._lock:
             self._kicked = False
-            # While LISTEN is up, a shard not listened to yet waits for its LISTEN (_listen).
-            held = self._shard_tails.keys() - self._listened if self.listening.is_set() else set()
-            ready = [key for key in self._requests if not held or notify.shard_of(key[0]) not in held]
+            # While LISTEN is up, a channel not listened to yet waits for its LISTEN (_listen).
+            held = self._channel_tails.keys() - self._listened if self.listening.is_set() else set()
+            ready = [key for key in self._requests if not held or self._tails[key[0]].channel not in held]
             keys = dict.fromkeys(ready[:limit])
             more = len(ready) > limit
             polled = set()
             for tail in self._tails.values():
-                if held and tail.shard in held:
+                if held and tail.channel in held:
                     continue
                 if tail.dirty and tail.start is not None:
                     key = (tail.stream_id, tail.end)
@@ -573,19 +572,29 @@ class Listener:
         return self._stopped
 
 
-def _session_statement() -> sql.Composed:
-    """The server's ``tcp_user_timeout`` for the LISTEN session, as our own: over TCP, a process
-    that stops reading has its session cut within QUERY_TIMEOUT of the server's first
+async def _limit_unacknowledged(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Give the LISTEN session the server-side ``tcp_user_timeout`` of our own side: over TCP, a
+    process that stops reading then has its session cut within that long of the server's first
     unacknowledged send, instead of holding the notification queue (a Unix socket ignores it;
-    guard.py covers both)."""
-    return sql.SQL("SET tcp_user_timeout = {}").format(sql.Literal(db.liveness_params()["tcp_user_timeout"]))
+    guard.py covers both). Not with NOTIFY_QUEUE_GUARD None, nor where the alias sets it to 0; if
+    the server or a pooler refuses it, that is logged and the session goes on without it."""
+    timeout = db.connect_kwargs(conf.listen_database(), "listener").get("tcp_user_timeout")
+    if conf.notify_queue_guard() is None or not timeout:
+        return
+    statement = sql.SQL(guard.signed("SET tcp_user_timeout = {}")).format(sql.Literal(int(timeout)))
+    try:
+        async with db.deadline(conn, "setting the LISTEN session's tcp_user_timeout"):
+            await conn.execute(statement)
+    except psycopg.DatabaseError as exc:
+        if conn.broken:
+            raise
+        logger.warning("pgstreams: the LISTEN session goes on without a server-side tcp_user_timeout: %s", exc)
 
 
-def _shards_statement(command: str, shards: set[int]) -> sql.Composed:
-    """``LISTEN`` or ``UNLISTEN`` of the shards' channels, in one round trip."""
-    return sql.SQL("; ").join(
-        sql.SQL(command + " {}").format(sql.Identifier(notify.channel_of(shard))) for shard in sorted(shards)
-    )
+def _channels_statement(command: str, channels: set[str]) -> sql.Composed:
+    """``LISTEN`` or ``UNLISTEN`` of ``channels``, in one round trip."""
+    statements = sql.SQL("; ").join(sql.SQL(command + " {}").format(sql.Identifier(c)) for c in sorted(channels))
+    return sql.SQL(guard.signed("{}")).format(statements)
 
 
 _listeners: PerProcess[Listener] = PerProcess(Listener, Listener.stop, alive=lambda listener: not listener.stopped)

@@ -31,7 +31,7 @@ class ListenerStats(_Stats):
     hear_seconds: float = 0.0  # CPU time spent decoding them (hear_seconds / entries: the cost per entry)
     reconnects: int = 0  # of the LISTEN connection, after the first connect
     listen_errors: int = 0  # the LISTEN connection lost (or found silent)
-    listen_checks: int = 0  # queries proving a silent LISTEN connection alive
+    listen_checks: int = 0  # queries proving the LISTEN connection alive, one every LISTEN_CHECK_INTERVAL
     polls: int = 0  # fallback polls that marked followed streams
     poll_found: int = 0  # polled streams that had chunks no notification announced
     fetches: int = 0  # fetch rounds

@@ -48,7 +48,7 @@ class Tail:
     """What this process knows of one followed stream."""
 
     stream_id: uuid.UUID
-    shard: int = 0  # its notification shard (NOTIFY_SHARDS)
+    channel: str = ""  # its notification channel (one per shard, NOTIFY_SHARDS)
     readers: int = 0
     # window holds chunks start .. end-1; start is None until the first fetch.
     start: int | None = None

@@ -6,7 +6,7 @@ server whose queue fills in seconds (bench.fleet, the benchmark's ``--frozen`` r
 from __future__ import annotations
 
 import json
-import os
+import signal
 import time
 import uuid
 
@@ -17,7 +17,7 @@ from django.test import override_settings
 
 import pgstreams
 from bench.fleet import FrozenConfig, frozen_table, run_frozen
-from pgstreams import listener, metrics
+from pgstreams import conf, listener, metrics, notify
 from pgstreams.models import Stream
 from tests.helpers import Reader, subprocess_database_url
 
@@ -55,51 +55,70 @@ def test_a_reader_process_stopped_for_a_minute_slows_no_other_reader_and_fails_n
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("fresh_listener")
-def test_a_listener_session_stuck_sending_is_ended_and_a_running_one_is_not() -> None:
-    """A session named as a pgstreams listener that LISTENs and never reads, flooded until it
-    blocks sending: this process's listener ends it at its next check once it has run no query
-    for three checks; its own session, which checks at every interval, is left alone."""
+def test_a_listener_session_stuck_sending_is_ended_and_a_running_one_is_not(spawn) -> None:
+    """Two sessions LISTEN on pgstreams' channel while it is flooded, both blocked sending: one
+    named and signed as a pgstreams listener checking every 0.2 s that never reads, and the
+    listener of a reader process stopped for a moment, which checks every 5 s (the default). This
+    process's listener, checking every 0.2 s, ends the first once it has run no query for three
+    of its 0.2 s; the second is judged by its own 5 s and left alone."""
     url = subprocess_database_url()
+    stream = pgstreams.create_stream()
+    reader = spawn("read-exit", "--stream", str(stream.id))
+    assert reader.stdout.readline().strip() == "reading"
+    running = _listening_session(f"pgstreams listener {reader.pid}")
     stuck = psycopg.connect(url, autocommit=True, application_name="pgstreams listener 999999")
     try:
-        stuck.execute("LISTEN pgstreams_stuck_test")
+        stuck.execute(f"LISTEN {conf.channel()} /* pgstreams listener: a query every 0.2 s */")
+        reader.send_signal(signal.SIGSTOP)
         with override_settings(PGSTREAMS={"LISTEN_CHECK_INTERVAL": 0.2, "NOTIFY_QUEUE_GUARD": 1e-9}):
             hub = listener.get_listener()
             assert hub.listening.wait(10)
             ended_before = metrics.stuck_listeners_ended._value.get()
             with connection.cursor() as cursor:
-                for _ in range(20):  # bounded: 2 MB a round, until the stuck session blocks sending
+                for _ in range(20):  # bounded: 2 MB a round, until both sessions block sending
                     cursor.execute(
-                        "SELECT pg_notify('pgstreams_stuck_test', i || repeat('x', 2000))"
-                        " FROM generate_series(1, 1000) AS i"
+                        "SELECT pg_notify(%s, i || repeat('x', 2000)) FROM generate_series(1, 1000) AS i",
+                        [conf.channel()],
                     )
-                    if _state(stuck.info.backend_pid) == "ClientWrite":
+                    if _state(stuck.info.backend_pid) == _state(running) == "ClientWrite":
                         break
-                assert _state(stuck.info.backend_pid) == "ClientWrite"
+                assert _state(stuck.info.backend_pid) == _state(running) == "ClientWrite"
                 blocked_at = time.monotonic()
                 deadline = blocked_at + 10
                 while _state(stuck.info.backend_pid) is not None:  # bounded by the deadline
                     assert time.monotonic() < deadline, "the stuck session was not ended within 10 s"
                     time.sleep(0.05)
                 print(f"ended {time.monotonic() - blocked_at:.2f} s after it was seen blocked")
+                time.sleep(1.0)  # five more looks, the reader still stopped: 1.5 s, not 15, since its last query
+                assert _state(running) == "ClientWrite"  # still there, still blocked
             assert metrics.stuck_listeners_ended._value.get() == ended_before + 1
-            assert hub.stats.reconnects == 0 and _state_of_own_listener() is not None
     finally:
+        reader.send_signal(signal.SIGCONT)
         stuck.close()
+    reader.stdin.write("exit\n")
+    reader.stdin.flush()
+    assert reader.wait(10) == 0
+
+
+def _listening_session(name: str) -> int:
+    """The pid of the session named ``name``, once it has sent a LISTEN."""
+    deadline = time.monotonic() + 10
+    while True:  # bounded by the deadline
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND query LIKE 'LISTEN %%'", [name]
+            )
+            row = cursor.fetchone()
+        if row:
+            return row[0]
+        assert time.monotonic() < deadline, f"no session {name!r} within 10 s"
+        time.sleep(0.05)
 
 
 def _state(pid: int) -> str | None:
     """The session's wait event ("" when it waits on nothing), None once it is gone."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT coalesce(wait_event, '') FROM pg_stat_activity WHERE pid = %s", [pid])
-        row = cursor.fetchone()
-    return row[0] if row else None
-
-
-def _state_of_own_listener() -> str | None:
-    with connection.cursor() as cursor:
-        name = f"pgstreams listener {os.getpid()}"
-        cursor.execute("SELECT state FROM pg_stat_activity WHERE application_name = %s", [name])
         row = cursor.fetchone()
     return row[0] if row else None
 
@@ -113,9 +132,11 @@ def _stream_in_shard(shard: int, shards: int) -> uuid.UUID:
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("fresh_listener")
-def test_a_process_hears_only_the_shards_of_the_streams_it_follows() -> None:
+def test_a_process_hears_only_the_shards_of_the_streams_it_follows(monkeypatch) -> None:
     """With NOTIFY_SHARDS, writes to streams of other shards send this process nothing; once its
-    reader is gone, the shard is unlistened at the next check and its writes send nothing either."""
+    reader is gone, the shard is unlistened at the next check and its writes send nothing either.
+    Commits here do not wake the reader (as they would), so only the notification can."""
+    monkeypatch.setattr(listener, "announce_local", lambda marks: None)
     shards = 64
     with override_settings(PGSTREAMS={"NOTIFY_SHARDS": shards, "POLL_INTERVAL": 60, "LISTEN_CHECK_INTERVAL": 0.2}):
         followed = _stream_in_shard(5, shards)
@@ -124,7 +145,8 @@ def test_a_process_hears_only_the_shards_of_the_streams_it_follows() -> None:
         hub = listener.get_listener()
         reader = Reader(followed, timeout=10)
         reader.start()
-        _wait(lambda: hub.listening.is_set() and 5 in hub._listened)
+        channel = notify.channel_of(5)
+        _wait(lambda: hub.listening.is_set() and channel in hub._listened)
         before = hub.stats.snapshot()
         for sid in others:
             pgstreams.write(sid, "elsewhere")
@@ -136,7 +158,7 @@ def test_a_process_hears_only_the_shards_of_the_streams_it_follows() -> None:
         assert counted.entries == counted.notifications == 1 and counted.polls == 0
         pgstreams.close(followed)
         reader.join(10)
-        _wait(lambda: 5 not in hub._listened)
+        _wait(lambda: channel not in hub._listened)
         time.sleep(0.3)  # the UNLISTEN, sent after _listened was updated, has been answered
         before = hub.stats.snapshot()
         pgstreams.write(neighbour, "unheard")

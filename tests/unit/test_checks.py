@@ -50,6 +50,9 @@ def test_defaults_pass() -> None:
         ({"QUERY_TIMEOUT": 0}, "pgstreams.E015"),
         ({"LISTEN_CHECK_INTERVAL": None}, "pgstreams.E016"),
         ({"ASYNC_THREADS": 0}, "pgstreams.E017"),
+        ({"NOTIFY_QUEUE_GUARD": 1}, "pgstreams.E025"),
+        ({"NOTIFY_SHARDS": 0}, "pgstreams.E026"),
+        ({"CHANNEL": "c" * 60, "NOTIFY_SHARDS": 1024}, "pgstreams.E027"),  # c...c_1023: 65 bytes
         ({"NOTIFY_MDOE": "off"}, "pgstreams.W001"),
     ],
 )
