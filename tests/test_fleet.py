@@ -17,7 +17,7 @@ from django.test import override_settings
 
 import pgstreams
 from bench.fleet import FrozenConfig, frozen_table, run_frozen
-from pgstreams import conf, listener, metrics, notify
+from pgstreams import listener, metrics, notify
 from pgstreams.models import Stream
 from tests.helpers import Reader, subprocess_database_url
 
@@ -56,7 +56,7 @@ def test_a_reader_process_stopped_for_a_minute_slows_no_other_reader_and_fails_n
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("fresh_listener")
 def test_a_listener_session_stuck_sending_is_ended_and_a_running_one_is_not(spawn) -> None:
-    """Two sessions LISTEN on pgstreams' channel while it is flooded, both blocked sending: one
+    """Two sessions LISTEN on a pgstreams channel while it is flooded, both blocked sending: one
     named and signed as a pgstreams listener checking every 0.2 s that never reads, and the
     listener of a reader process stopped for a moment, which checks every 5 s (the default). This
     process's listener, checking every 0.2 s, ends the first once it has run no query for three
@@ -68,7 +68,8 @@ def test_a_listener_session_stuck_sending_is_ended_and_a_running_one_is_not(spaw
     running = _listening_session(f"pgstreams listener {reader.pid}")
     stuck = psycopg.connect(url, autocommit=True, application_name="pgstreams listener 999999")
     try:
-        stuck.execute(f"LISTEN {conf.channel()} /* pgstreams listener: a query every 0.2 s */")
+        channel = notify.channel_for(stream.id)  # the reader's
+        stuck.execute(f"LISTEN {channel} /* pgstreams listener: a query every 0.2 s */")
         reader.send_signal(signal.SIGSTOP)
         with override_settings(PGSTREAMS={"LISTEN_CHECK_INTERVAL": 0.2, "NOTIFY_QUEUE_GUARD": 1e-9}):
             hub = listener.get_listener()
@@ -78,7 +79,7 @@ def test_a_listener_session_stuck_sending_is_ended_and_a_running_one_is_not(spaw
                 for _ in range(20):  # bounded: 2 MB a round, until both sessions block sending
                     cursor.execute(
                         "SELECT pg_notify(%s, i || repeat('x', 2000)) FROM generate_series(1, 1000) AS i",
-                        [conf.channel()],
+                        [channel],
                     )
                     if _state(stuck.info.backend_pid) == _state(running) == "ClientWrite":
                         break
