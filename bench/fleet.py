@@ -321,8 +321,9 @@ def _fleet_run(config: FleetConfig, boot: procs.Boot, streams: list[str], count:
         postgres_before, readers_before = _cpu(postmaster.children()), _cpu(reading)
         go.set()
         began = time.monotonic()
-        # CPU over the writing and a moment after, while every process is still there to ask.
-        time.sleep(config.duration + 0.5)
+        # CPU over the writing, up to just before its end: then the writer closes the streams and
+        # the readers, done, exit, and the CPU of their backends could no longer be asked.
+        time.sleep(max(0.5, config.duration - 0.2))
         postgres_cpu = sum(_cpu(postmaster.children(), since=postgres_before).values())
         readers_cpu = sum(_cpu(reading, since=readers_before).values())
         measured = time.monotonic()
