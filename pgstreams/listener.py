@@ -175,22 +175,22 @@ class Listener:
         self.stats.hear_seconds += time.thread_time() - began
 
     def _kick_listen(self) -> None:
-        # Called with the lock held.
+        # Called with the lock held; coalesces wake-ups of the LISTEN loop.
         if not self._listen_kicked:
             self._listen_kicked = True
-            try:
-                self._loop.call_soon_threadsafe(self._to_listen.set)
-            except RuntimeError:  # the loop is closed: the listener stopped
-                pass
+            self._set_in_loop(self._to_listen)
 
     def _kick(self) -> None:
-        # Called with the lock held; coalesces wake-ups of the loop.
+        # Called with the lock held; coalesces wake-ups of the fetch loop.
         if not self._kicked:
             self._kicked = True
-            try:
-                self._loop.call_soon_threadsafe(self._work.set)
-            except RuntimeError:  # the loop is closed: the listener stopped
-                pass
+            self._set_in_loop(self._work)
+
+    def _set_in_loop(self, event: asyncio.Event) -> None:
+        try:
+            self._loop.call_soon_threadsafe(event.set)
+        except RuntimeError:  # the loop is closed: the listener stopped
+            pass
 
     # -- the loop (listener thread) ------------------------------------------------------------
 
@@ -472,7 +472,7 @@ class Listener:
             self._kicked = False
             # While LISTEN is up, a channel not listened to yet waits for its LISTEN (_listen).
             held = self._channel_tails.keys() - self._listened if self.listening.is_set() else set()
-            ready = [key for key in self._requests if not held or self._tails[key[0]].channel not in held]
+            ready = [key for key in self._requests if not held or self._channel_of(key[0]) not in held]
             keys = dict.fromkeys(ready[:limit])
             more = len(ready) > limit
             polled = set()
@@ -494,6 +494,11 @@ class Listener:
             if more:
                 self._work.set()
             return list(keys), polled
+
+    def _channel_of(self, stream_id: uuid.UUID) -> str | None:
+        # With the lock held. None for a request whose tail was forgotten (_refuse): nothing to hold it for.
+        tail = self._tails.get(stream_id)
+        return tail.channel if tail is not None else None
 
     def _deliver(self, pages: dict[fetch.Key, Page], polled: set[uuid.UUID], *, primary: bool) -> bool:
         """Answer readers' requests, fold pages into tails and wake the readers of tails that

@@ -172,3 +172,24 @@ def _wait(predicate, timeout: float = 10.0) -> None:
     while not predicate():  # bounded by the deadline
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("fresh_listener")
+def test_a_page_asked_of_a_stream_no_longer_followed_is_not_held_for_another_channels_listen() -> None:
+    """A request can outlive its tail (a page the database refused forgets the tail, not the
+    other readers' requests); while some channel waits for its LISTEN, collecting must neither
+    hold that request nor fail on it."""
+    hub = listener.get_listener()
+    assert hub.listening.wait(10)
+    orphan = (uuid.uuid4(), 0)
+    with hub._lock:
+        hub._channel_tails["pgstreams_waiting"] += 1  # followed, not listened to yet
+        hub._requests[orphan] = []
+    try:
+        keys, _ = hub._collect(10)
+        assert orphan in keys
+    finally:
+        with hub._lock:
+            del hub._channel_tails["pgstreams_waiting"]
+            hub._requests.pop(orphan, None)
