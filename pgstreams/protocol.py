@@ -10,6 +10,8 @@ import re
 from collections.abc import Sequence
 from typing import Any, Final
 
+from django.utils.html import escape
+
 from .models import Stream
 from .types import StreamChunk
 
@@ -89,6 +91,16 @@ def error_frame(code: int, message: str, **details: Any) -> dict[str, Any]:
 def sse_chunk(chunk: StreamChunk) -> bytes:
     """One chunk as an SSE event: ``id`` its offset, the data as JSON (so newlines survive)."""
     return f'id: {chunk.offset}\ndata: {{"offset":{chunk.offset},{_data(chunk.data)}}}\n\n'.encode()
+
+
+def sse_html_chunk(chunk: StreamChunk) -> bytes:
+    """One chunk of a text stream as an SSE event whose data is its text escaped for HTML, for
+    htmx's SSE extension to swap in as it is: ``id`` its offset; a line break a new ``data:``
+    line (EventSource joins them with one), a carriage return ``&#13;`` (SSE would read it as a
+    line break too)."""
+    lines = escape(chunk.data).replace("\r", "&#13;").split("\n")
+    data = "".join(f"data: {line}\n" for line in lines)
+    return f"id: {chunk.offset}\n{data}\n".encode()
 
 
 def sse_end(next_offset: int) -> bytes:

@@ -1,5 +1,6 @@
 """HTTP views: ``events`` serves a stream as Server-Sent Events, for clients and proxies without
-WebSocket (no SQL of its own beyond the authorization lookup; chunks come from the listener), and
+WebSocket and for htmx (no SQL of its own beyond the authorization lookup; chunks come from the
+listener), and
 ``metrics_view`` this process's Prometheus metrics."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, StreamingHttpResponse
@@ -44,7 +45,9 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
 async def events(request: HttpRequest, stream_id: uuid.UUID) -> HttpResponse:
     """``GET streams/<uuid>/events``: one event per chunk, ``id:`` its offset, then ``end``.
 
-    Resumes after ``Last-Event-ID`` (the last offset the client has) or from ``?from=``.
+    Resumes after ``Last-Event-ID`` (the last offset the client has) or from ``?from=``. An
+    event's data is the chunk as JSON, or with ``?format=html`` (a text stream) its text escaped
+    for HTML, for htmx's SSE extension.
     """
     try:
         last_seen = request.headers.get("Last-Event-ID")
@@ -52,6 +55,7 @@ async def events(request: HttpRequest, stream_id: uuid.UUID) -> HttpResponse:
             start = protocol.parse_offset([last_seen], "Last-Event-ID") + 1
         else:
             start = protocol.parse_offset(request.GET.getlist("from"), "from")
+        encode = _format(request.GET.getlist("format"))
     except ValueError as exc:
         return HttpResponseBadRequest(f"{exc}\n", content_type="text/plain")
     try:
@@ -62,26 +66,46 @@ async def events(request: HttpRequest, stream_id: uuid.UUID) -> HttpResponse:
         return HttpResponse(f"not allowed to read stream {stream_id}\n", status=403, content_type="text/plain")
     if start > stream.next_offset:
         return HttpResponseBadRequest(f"{protocol.past_end(start, stream)}\n", content_type="text/plain")
-    response = StreamingHttpResponse(_event_stream(stream_id, start), content_type="text/event-stream")
+    if encode is _html_events and not stream.holds_text:
+        message = f"format=html is for text streams; stream {stream_id} holds bytes ({stream.content_type})"
+        return HttpResponseBadRequest(f"{message}\n", content_type="text/plain")
+    response = StreamingHttpResponse(_event_stream(stream_id, start, encode), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx: do not buffer the stream
     return response
 
 
-async def _event_stream(stream_id: uuid.UUID, position: int) -> AsyncIterator[bytes]:
+async def _event_stream(stream_id: uuid.UUID, position: int, encode: Encode) -> AsyncIterator[bytes]:
     metrics.sse_clients.inc()
     try:
-        async for part in _events(stream_id, position):
+        async for part in _events(stream_id, position, encode):
             yield part
     finally:
         metrics.sse_clients.dec()
 
 
-def _sse_events(chunks: Sequence[StreamChunk]) -> bytes:
+def _json_events(chunks: Sequence[StreamChunk]) -> bytes:
     return b"".join(map(protocol.sse_chunk, chunks))
 
 
-async def _events(stream_id: uuid.UUID, position: int) -> AsyncIterator[bytes]:
+def _html_events(chunks: Sequence[StreamChunk]) -> bytes:
+    return b"".join(map(protocol.sse_html_chunk, chunks))
+
+
+Encode = Callable[[Sequence[StreamChunk]], bytes]
+_FORMATS: dict[str, Encode] = {"json": _json_events, "html": _html_events}
+
+
+def _format(values: list[str]) -> Encode:
+    if len(values) > 1:
+        raise ValueError(f"give 'format' once, not {len(values)} times")
+    name = values[0] if values else "json"
+    if name not in _FORMATS:
+        raise ValueError(f"format is 'json' (the default) or 'html', not {name!r}")
+    return _FORMATS[name]
+
+
+async def _events(stream_id: uuid.UUID, position: int, encode: Encode) -> AsyncIterator[bytes]:
     """The stream's chunks as events from ``position``, through the stream's fan once at its
     tail (``delivery.afollow``), a comment after KEEPALIVE seconds of silence; ends after the
     batch that reaches RESPONSE_BYTES (the client resumes from Last-Event-ID), or with an
@@ -95,7 +119,7 @@ async def _events(stream_id: uuid.UUID, position: int) -> AsyncIterator[bytes]:
                 if not batch:
                     yield protocol.SSE_KEEPALIVE
                     continue
-                events = delivery.shared("sse", batch, _sse_events)  # as every subscriber at it sends it
+                events = delivery.shared(encode.__name__, batch, encode)  # as every subscriber at it sends it
                 yield events
                 position = batch[-1].offset + 1
                 sent += len(events)

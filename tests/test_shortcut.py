@@ -182,7 +182,7 @@ def cookie_shape(header: str) -> str:
 async def shared_streams(owner: Any = None) -> tuple[str, str]:
     """A closed stream both sides read, and its SSE view's URL: (its endpoint path, the view's URL)."""
     s = await pgstreams.acreate_stream(path=f"shared/{owner.pk if owner else 'anyone'}", owner=owner)
-    await pgstreams.awrite_many(s.id, ["first", "second\nline"])
+    await pgstreams.awrite_many(s.id, ["first", "<second>\nline"])
     await pgstreams.aclose(s.id)
     return f"{ENDPOINT}{s.path}", f"/pgstreams/streams/{s.id}/events"
 
@@ -196,6 +196,8 @@ async def reads(project: Project, durable: str, events: str) -> None:
         (f"{events}?from=1", {}),
         (events, {"Last-Event-ID": "0"}),
         (f"{events}?from=x", {}),
+        (f"{events}?format=html&from=1", {}),
+        (f"{events}?format=xml", {}),
     ]:
         await project.agree("GET", path, headers)
 

@@ -15,6 +15,7 @@ from django.test import AsyncClient
 
 import pgstreams
 from pgstreams import fetch, views
+from pgstreams.models import Stream
 from tests.helpers import delete_chunks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -60,6 +61,46 @@ async def test_events_then_end() -> None:
     assert parsed[0] == {"retry": "1000"}
     assert chunks(parsed) == [(0, "a"), (1, "line one\nline two\r\n"), (2, "c")]
     assert parsed[-1] == {"event": "end", "data": '{"next_offset": 3}'}
+
+
+async def test_format_html_sends_each_chunk_escaped_with_its_line_breaks_as_data_lines() -> None:
+    """What htmx's SSE extension swaps in: EventSource joins an event's data lines with a line
+    break, so each chunk arrives as its own text, escaped."""
+    s = await pgstreams.acreate_stream()
+    await pgstreams.awrite_many(s.id, ["<b>&'\"", "line one\nline two\r\n", ""])
+    await pgstreams.aclose(s.id)
+    response = await AsyncClient().get(url(s.id) + "?format=html&from=0")
+    assert response.status_code == 200 and response["Content-Type"] == "text/event-stream"
+    body = b"".join([part async for part in response.streaming_content]).decode()
+    assert body == (
+        "retry: 1000\n\n"
+        "id: 0\ndata: &lt;b&gt;&amp;&#x27;&quot;\n\n"
+        "id: 1\ndata: line one\ndata: line two&#13;\ndata: \n\n"
+        "id: 2\ndata: \n\n"
+        'event: end\ndata: {"next_offset": 3}\n\n'
+    )
+
+
+@pytest.mark.parametrize(
+    ("query", "reason"),
+    [
+        ("?format=xml", "format is 'json' (the default) or 'html', not 'xml'"),
+        ("?format=html&format=json", "give 'format' once, not 2 times"),
+    ],
+)
+async def test_an_unknown_format_is_400_with_the_choices(query: str, reason: str) -> None:
+    s = await pgstreams.acreate_stream()
+    response = await AsyncClient().get(url(s.id) + query)
+    assert response.status_code == 400 and response.content.decode().strip() == reason
+
+
+async def test_format_html_of_a_stream_of_bytes_is_400() -> None:
+    s = await Stream.objects.acreate(content_type="application/octet-stream")
+    response = await AsyncClient().get(url(s.id) + "?format=html")
+    assert response.status_code == 400
+    assert response.content.decode().strip() == (
+        f"format=html is for text streams; stream {s.id} holds bytes (application/octet-stream)"
+    )
 
 
 async def test_resume_with_last_event_id_or_from() -> None:

@@ -10,6 +10,7 @@ urlpatterns = [
     path("c/<int:pk>/stop/", views.stop, name="stop"),
     path("c/<int:pk>/state/", views.state, name="state"),
     path("c/<int:pk>/official-client/", views.official_client, name="official_client"),
+    path("c/<int:pk>/htmx/", views.htmx, name="htmx"),
     path("ai/", assistant.new_page, name="ai_new"),
     path("ai/c/<str:chat_id>/", assistant.page, name="ai_page"),
     path("ai/chat", assistant.chat, name="ai_chat"),

@@ -67,6 +67,11 @@ def official_client(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @login_required
+def htmx(request: HttpRequest, pk: int) -> HttpResponse:
+    return render(request, "chat/htmx.html", {"turn": _turn(request, pk)})
+
+
+@login_required
 @require_POST
 def stop(request: HttpRequest, pk: int) -> JsonResponse:
     """Close the answer's stream, noting in the stream that it was stopped: every reader sees the

@@ -1,0 +1,83 @@
+"""``{% stream_html %}``: a text stream so far, escaped, in an element htmx's SSE extension follows
+from the next offset; authorized by the request as the SSE view is. The page in a browser is in
+test_demo.py."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AnonymousUser
+from django.core.exceptions import ImproperlyConfigured, PermissionDenied
+from django.template import Context, Template
+from django.test import RequestFactory
+
+import pgstreams
+from pgstreams.models import Stream
+from tests.helpers import delete_chunks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TEMPLATE = Template("{% load pgstreams %}{% stream_html stream %}")
+
+
+def render(stream, user=None) -> str:
+    request = RequestFactory().get("/")
+    request.user = user or AnonymousUser()
+    return TEMPLATE.render(Context({"request": request, "stream": stream}))
+
+
+def test_an_open_stream_renders_its_text_escaped_and_follows_from_the_next_offset() -> None:
+    s = pgstreams.create_stream()
+    pgstreams.write_many(s.id, ["<b>tag</b> ", "& more\n"])
+    html = render(s.id)
+    assert html.strip() == (
+        f'<div class="pgstreams-stream" data-pgstreams-stream="{s.id}" hx-ext="sse" '
+        f'sse-connect="/pgstreams/streams/{s.id}/events?format=html&amp;from=2" sse-swap="message" '
+        'sse-close="end" hx-swap="beforeend">&lt;b&gt;tag&lt;/b&gt; &amp; more\n</div>'
+    )
+
+
+def test_a_closed_stream_renders_its_text_and_nothing_to_follow() -> None:
+    s = pgstreams.create_stream()
+    pgstreams.write(s.id, "done")
+    pgstreams.close(s.id)
+    html = render(s)
+    assert ">done</div>" in html and "sse-connect" not in html and "hx-ext" not in html
+
+
+def test_an_empty_stream_follows_from_offset_zero() -> None:
+    s = pgstreams.create_stream()
+    assert re.search(r'sse-connect="[^"]*from=0"[^>]*></div>', render(s.id))
+
+
+def test_pruned_chunks_are_left_out() -> None:
+    s = pgstreams.create_stream()
+    pgstreams.write_many(s.id, ["a", "b", "c", "d"])
+    delete_chunks(s.id, 0, 2)
+    assert re.search(r"from=4\"[^>]*>cd</div>", render(s.id))
+
+
+def test_the_reader_is_authorized_as_at_the_sse_view() -> None:
+    owner, other = (get_user_model().objects.create_user(name) for name in ("owner", "other"))
+    s = pgstreams.create_stream(owner=owner)
+    pgstreams.write(s.id, "mine")
+    assert ">mine</div>" in render(s.id, owner)
+    for user in (other, None):
+        with pytest.raises(PermissionDenied):
+            render(s.id, user)
+    with pytest.raises(pgstreams.StreamNotFound):
+        render("00000000-0000-0000-0000-000000000000")
+
+
+def test_a_stream_of_bytes_is_refused() -> None:
+    s = Stream.objects.create(content_type="application/octet-stream")
+    with pytest.raises(ValueError, match="shows text streams; stream .* holds bytes"):
+        render(s.id)
+
+
+def test_without_the_request_in_the_context_it_says_which_context_processor_to_add() -> None:
+    s = pgstreams.create_stream()
+    with pytest.raises(ImproperlyConfigured, match="django.template.context_processors.request"):
+        TEMPLATE.render(Context({"stream": s}))
