@@ -1,6 +1,6 @@
 """ASGI entry point of the demo site: HTTP (with static files, and pgstreams' Durable Streams
 endpoint straight to its view) and pgstreams' WebSocket routes. The objects loaded at start are
-frozen out of the garbage collector (docs/GUIDE.md, "Deployment")."""
+frozen out of the garbage collector (docs/howto/deploy.md)."""
 
 import gc
 import os

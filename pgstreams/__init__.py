@@ -25,6 +25,10 @@ from .exceptions import (
     StreamNotFound,
 )
 
+# The version of this code: a release's number, or the next one's with ".dev0" between releases
+# (CHANGELOG.md says what each changed).
+__version__ = "0.2.0.dev0"
+
 if TYPE_CHECKING:
     from .appends import aappend, append, stream_writer
     from .reader import aread, read

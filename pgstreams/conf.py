@@ -1,9 +1,10 @@
 """Settings: the one place that reads ``settings.PGSTREAMS``, and the one declaration of each.
 
 Each setting is one ``Setting``: its key, default, rule, the text of a valid value, its system
-check id and its line in the README's table. The accessor is the declaration itself
-(``conf.notify_mode()``), read when used, so ``override_settings`` takes effect at once; checks,
-defaults and the README's table (held to these by a test) derive from the declarations.
+check id and its meaning. The accessor is the declaration itself (``conf.notify_mode()``), read
+when used, so ``override_settings`` takes effect at once; checks, defaults and the documentation's
+settings table (docs/reference/settings.md, made when the site is built) derive from the
+declarations.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ class Setting(Generic[T]):
     default: Any
     rule: Rule
     check_id: str
-    doc: str  # the "meaning" cell of the README's settings table
+    doc: str  # the "meaning" cell of the settings table (Markdown, links relative to docs/reference/)
     convert: Callable[[Any], T] = lambda v: v
 
     def __post_init__(self) -> None:
@@ -221,7 +222,7 @@ read_database_setting: Setting[str | None] = Setting(
     _alias("read from DATABASE", ", such as a hot standby of DATABASE"),
     "pgstreams.E013",
     "the alias readers fetch chunks and stream state from, such as a hot standby of `DATABASE`; writes, LISTEN "
-    "and authorization stay on `DATABASE` (see [readers on a hot standby](docs/GUIDE.md#8-readers-on-a-hot-standby))",
+    "and authorization stay on `DATABASE` (see [readers on a hot standby](../howto/standby.md))",
 )
 connect_timeout: Setting[int] = Setting(
     "CONNECT_TIMEOUT",
@@ -239,7 +240,7 @@ query_timeout: Setting[float] = Setting(
     "seconds a query on pgstreams' own connections may take, its whole answer included; past it the connection "
     "is cut and opened again (a fetch round that ran out of time is split into smaller ones). It also sets their "
     "TCP keepalives and `tcp_user_timeout`, so a peer that vanished is noticed within seconds (see "
-    "[failover](docs/GUIDE.md#5-deployment))",
+    "[failover](../howto/deploy.md))",
     float,
 )
 listen_check_interval: Setting[float] = Setting(
@@ -297,7 +298,7 @@ _durable_authorize: Setting[str] = Setting(
     Rule(_importable, "the dotted path of a callable(request, action, path, stream) -> bool"),
     "pgstreams.E021",
     "who may create, append to, close, delete or read a stream at the Durable Streams endpoint, a function or an "
-    "`async def` one (see [Durable Streams](#durable-streams)); by default reads follow `AUTHORIZE` and "
+    "`async def` one (see [Durable Streams](../howto/durable-streams.md)); by default reads follow `AUTHORIZE` and "
     "everything else is refused",
 )
 long_poll_timeout: Setting[float] = Setting(
@@ -335,8 +336,8 @@ notify_queue_guard: Setting[float | None] = Setting(
     "pgstreams.E025",
     "the fraction of Postgres' notification queue in use past which every process ends the pgstreams listener "
     "sessions stuck sending to a process that stopped reading (see [the notification queue]"
-    "(docs/GUIDE.md#the-notification-queue)); 0.001 is 8 MB of the default 8 GB queue; `None` never ends one (nor "
-    "gives the LISTEN session a server-side `tcp_user_timeout`)",
+    "(../howto/operations.md#the-notification-queue)); 0.001 is 8 MB of the default 8 GB queue; `None` never "
+    "ends one (nor gives the LISTEN session a server-side `tcp_user_timeout`)",
 )
 
 notify_shards: Setting[int] = Setting(
@@ -346,7 +347,7 @@ notify_shards: Setting[int] = Setting(
     "pgstreams.E026",
     "notification channels the streams are spread over, by stream id; a process LISTENs only to those of the "
     "streams its readers follow, so it receives and parses their notifications, not the cluster's (see "
-    "[a fleet](docs/GUIDE.md#a-fleet-of-processes)). Every process of a fleet must use the same value",
+    "[a fleet](../howto/operations.md#a-fleet-of-processes)). Every process of a fleet must use the same value",
 )
 
 

@@ -5,7 +5,7 @@ open a thousand database connections, until it is at its stream's tail; from the
 stream's fan in this event loop delivers to it, with every other socket there at the tail
 (``delivery``): one step through each round for them all, the frame's items encoded once, each
 frame sent without waiting. It runs no SQL of its own beyond the authorization lookup, and
-sends its frames past Channels' session wrapper. The protocol is described in the README.
+sends its frames past Channels' session wrapper. The protocol is described in docs/reference/websocket.md.
 
 Flow control: the server keeps at most ``WINDOW_CHUNKS`` chunks or ``WINDOW_BYTES`` bytes (of
 frames, counted exactly) sent but not acknowledged. An ack names a frame by the random id the

@@ -1,4 +1,4 @@
-"""The wire protocol browsers speak (its description is in the README), for the WebSocket
+"""The wire protocol browsers speak (described in docs/reference/), for the WebSocket
 consumer and the SSE view alike: offsets in a request, WebSocket close codes, and the shapes of
 frames and events. Imports neither Channels nor views; sends nothing."""
 

@@ -245,7 +245,8 @@ def create_stream(
         label: a short description, shown in the admin (at most 200 characters).
         metadata: any JSON-serialisable dict.
         path: its name at the Durable Streams endpoint (``v1/stream/<path>``), unique; None
-            gives it none. Readers there are authorized as for WebSocket and SSE (see README).
+            gives it none. Readers there are authorized as for WebSocket and SSE
+            (docs/reference/authorization.md).
         content_type: what its chunks are, for Durable Streams clients: a ``text/*`` type or
             ``application/json`` (one JSON value per chunk); ``write()`` stores text only.
         using: database alias; defaults to ``PGSTREAMS['DATABASE']``.

@@ -4,7 +4,7 @@ writer started), served from their first part; more answers than the demo's pool
 a model's pace; then the SDK's own chat client (``node/aisdk_chat.mjs``: @ai-sdk/react's ``Chat``
 and ``DefaultChatTransport``) against the demo's endpoints under daphne: a whole answer, a reload
 mid-answer, two tabs, a stop then a reload, an answer read after it ended, and a generating
-process killed mid-answer; a project made from the README's example alone; and ``useChat``
+process killed mid-answer; a project made from the how-to's example alone; and ``useChat``
 itself in Chromium, on the demo's page (a vendored bundle, held to what its source builds)."""
 
 from __future__ import annotations
@@ -373,7 +373,7 @@ def killed_mid_answer(server: str, options: dict[str, str], chat: str, spawn) ->
 def test_an_answer_whose_generating_process_was_killed_ends_with_an_error_part(demo_server, session, spawn) -> None:
     ended = killed_mid_answer(demo_server, session, "killed", spawn)
     print(f"read through pgstreams.aisdk.response, the dead writer's answer ended {ended:.1f} s later")
-    assert ended < aisdk.LEASE + 2 * aisdk.HEARTBEAT + 5  # the README's bound, and a margin
+    assert ended < aisdk.LEASE + 2 * aisdk.HEARTBEAT + 5  # the how-to's bound, and a margin
 
 
 def test_through_the_durable_streams_transport_a_dead_writers_answer_ends_with_an_error_part(
@@ -443,20 +443,20 @@ async def test_more_answers_than_the_demo_has_workers_all_finish_at_a_models_pac
     assert attempts == [1, 1, 1]  # none taken over while it waited
 
 
-def readme_files() -> dict[str, str]:
-    """The README's AI SDK example: each Python block whose first line names its file."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## AI SDK: `useChat` from Django", 1)[1].split("\n## ", 1)[0]
+def howto_files() -> dict[str, str]:
+    """The AI SDK how-to's example: each Python block whose first line names its file."""
+    howto = (ROOT / "docs" / "howto" / "ai-sdk.md").read_text()
+    section = howto.split("\n## Behind a proxy", 1)[0]
     files = {}
     for block in re.findall(r"```python\n(.*?)```", section, re.S):
         named = re.match(r"# (\S+\.py)", block)
-        assert named, f"a Python block of the README's AI SDK section names no file: {block[:60]!r}"
+        assert named, f"a Python block of the AI SDK how-to names no file: {block[:60]!r}"
         files[named[1]] = block
     return files
 
 
-def test_a_project_made_from_the_readme_alone_serves_an_answer_to_the_sdk_client(tmp_path, session) -> None:
-    files = readme_files()
+def test_a_project_made_from_the_howto_alone_serves_an_answer_to_the_sdk_client(tmp_path, session) -> None:
+    files = howto_files()
     assert set(files) == {"mysite/settings.py", "mysite/urls.py", "chat/llm.py", "chat/views.py"}
     # The test's secret: its session was signed with it.
     env = make_project(tmp_path, files, f"SECRET_KEY = {settings.SECRET_KEY!r}")

@@ -30,7 +30,7 @@ CLIENTS = 16
 # (chunk size, chunks): 64 KB is the largest chunk (MAX_CHUNK_BYTES); the stream is far larger
 # than what every client may hold together.
 SIZES = {"64KB": (65536, 600), "1KB": (1024, 12000)}
-# What a client that reads nothing may hold of a server's memory, at most (the README's bound).
+# What a client that reads nothing may hold of a server's memory, at most (the bound docs/howto/deploy.md states).
 CLIENT_BYTES = 4 << 20
 
 

@@ -527,30 +527,30 @@ async def test_a_ttl_is_judged_by_the_databases_clock_and_a_refused_request_remo
     assert not await Stream.objects.filter(path="ttl/long").aexists()
 
 
-def _readme_rule():
-    """The DURABLE_AUTHORIZE example of the README, as written there."""
-    readme = (ROOT / "README.md").read_text()
-    blocks = [block.split("```", 1)[0] for block in readme.split("```python\n")[1:]]
+def _howto_rule():
+    """The DURABLE_AUTHORIZE example of the Durable Streams how-to, as written there."""
+    howto = (ROOT / "docs" / "howto" / "durable-streams.md").read_text()
+    blocks = [block.split("```", 1)[0] for block in howto.split("```python\n")[1:]]
     source = next(block for block in blocks if "def authorize(request, action, path, stream)" in block)
     namespace: dict = {}
-    exec(compile(source, "README.md", "exec"), namespace)  # the README's own code, not a copy
+    exec(compile(source, "docs/howto/durable-streams.md", "exec"), namespace)  # the how-to's own code, not a copy
     return namespace["authorize"]
 
 
-def readme_rule(request, action: str, path: str, stream) -> bool:
-    return _readme_rule()(request, action, path, stream)
+def howto_rule(request, action: str, path: str, stream) -> bool:
+    return _howto_rule()(request, action, path, stream)
 
 
 def broken_rule(request, action: str, path: str, stream) -> bool:
     return stream.owner_id is None  # raises when there is no stream
 
 
-async def test_the_readmes_rule_and_a_rule_that_raises_tell_no_one_which_paths_exist() -> None:
+async def test_the_howtos_rule_and_a_rule_that_raises_tell_no_one_which_paths_exist() -> None:
     alice = await sync_to_async(get_user_model().objects.create_user)("alice", password="pw")
     await pgstreams.acreate_stream(path=f"users/{alice.pk}/notes", owner=alice)
     await pgstreams.acreate_stream(path="shared/board")
     anonymous = AsyncClient()
-    for rule in ("readme_rule", "broken_rule"):
+    for rule in ("howto_rule", "broken_rule"):
         with override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": f"tests.test_durable.{rule}"}):
             probes = [f"users/{alice.pk}/notes", f"users/{alice.pk}/does-not-exist"]
             assert [(await anonymous.get(url(p))).status_code for p in probes] == [403, 403], rule
@@ -558,7 +558,7 @@ async def test_the_readmes_rule_and_a_rule_that_raises_tell_no_one_which_paths_e
                 await anonymous.put(url(f"mine/{i}"), headers={"Stream-Forked-From": p}) for i, p in enumerate(probes)
             ]
             assert [f.status_code for f in forks] == [403, 403], rule
-    with override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": "tests.test_durable.readme_rule"}):
+    with override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": "tests.test_durable.howto_rule"}):
         assert (await anonymous.get(url("shared/board"))).status_code == 200
         owner = AsyncClient()
         await owner.aforce_login(alice)

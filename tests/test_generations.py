@@ -280,26 +280,26 @@ def test_the_sdk_client_resuming_a_generation_shows_one_message_across_a_lost_wo
     assert text(result["messages"][1]) == "".join(f"w{i} " for i in range(N))
 
 
-README = ROOT / "README.md"
+HOWTO = ROOT / "docs" / "howto" / "generations.md"
 
 
-def readme_files() -> dict[str, str]:
-    """The Generations section's blocks, by the file their first line names."""
-    section = README.read_text().split("## Generations", 1)[1].split("\n## ", 1)[0]
+def howto_files() -> dict[str, str]:
+    """The how-to's blocks, by the file their first line names."""
+    section = HOWTO.read_text()
     blocks = re.findall(r"```python\n# (\S+\.py)[^\n]*\n(.*?)```", section, re.S)
     return {name: body for name, body in blocks}
 
 
 @pytest.mark.slow
-def test_a_project_made_from_the_readmes_blocks_survives_a_worker_kill(tmp_path) -> None:
-    """startproject, the README's settings, task, view and URL, its worker command: the answer
+def test_a_project_made_from_the_howtos_blocks_survives_a_worker_kill(tmp_path) -> None:
+    """startproject, the how-to's settings, task, view and URL, its worker command: the answer
     a view started goes on when the worker writing it is killed, and is written once."""
     from django_tasks_db.models import DBTaskResult
 
-    files = readme_files()
+    files = howto_files()
     assert set(files) == {"myproject/settings.py", "myapp/tasks.py", "myapp/views.py", "myproject/urls.py"}
     extra = ""
-    if django.VERSION < (6, 0):  # as the README's comments say
+    if django.VERSION < (6, 0):  # as the how-to's comments say
         extra = 'INSTALLED_APPS += ["django_tasks"]'
         files["myapp/tasks.py"] = files["myapp/tasks.py"].replace(
             "from django.tasks import", "from django_tasks import"

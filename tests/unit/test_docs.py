@@ -1,5 +1,5 @@
-"""The docs' Python blocks are Python: every block of the README and the GUIDE compiles, the ones
-no test runs (a model API's task, say) included."""
+"""The docs' Python blocks are Python: every block of the README and of the documentation site's
+pages compiles, the ones no test runs (a model API's task, say) included."""
 
 from __future__ import annotations
 
@@ -13,12 +13,18 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/GUIDE.md"])
+PAGES = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").rglob("*.md") if "notes" not in p.parts)]
+DOCS = [str(p.relative_to(ROOT)) for p in PAGES if "```python\n" in p.read_text()]
+
+
+def test_the_readme_the_tutorial_and_the_how_tos_have_python_blocks() -> None:
+    assert {"README.md", "docs/tutorial.md", "docs/howto/generations.md", "docs/howto/ai-sdk.md"} <= set(DOCS)
+
+
+@pytest.mark.parametrize("doc", DOCS)
 def test_every_python_block_of_the_doc_compiles(doc: str) -> None:
     text = (ROOT / doc).read_text()
-    blocks = re.findall(r"```python\n(.*?)```", text, re.S)  # in a list item too, indented
-    assert blocks
-    for block in blocks:
+    for block in re.findall(r"```python\n(.*?)```", text, re.S):  # in a list item too, indented
         line = text[: text.index(block)].count("\n") + 1
         where = f"{doc}, the block at line {line}"
         compile(textwrap.dedent(block), where, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)

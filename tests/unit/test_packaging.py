@@ -1,5 +1,5 @@
 """What ``pip install .`` installs: the app, and nothing of the benchmark; the versions it declares,
-as the README, the guide and CI state them."""
+as the README, the tutorial and CI state them."""
 
 from __future__ import annotations
 
@@ -12,12 +12,17 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import pgstreams
 from tests.helpers import ROOT
 
 
 def test_the_wheel_holds_the_app_and_no_benchmark_code(tmp_path: Path) -> None:
     source = tmp_path / "source"  # a copy: building writes build/ and *.egg-info next to the code
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", ".venv", ".pgdata", "build", "*.egg-info"))
+    shutil.copytree(
+        ROOT,
+        source,
+        ignore=shutil.ignore_patterns(".git", ".venv*", ".pgdata", "build", "_build", "node_modules", "*.egg-info"),
+    )
     subprocess.run(
         [
             sys.executable,
@@ -35,9 +40,18 @@ def test_the_wheel_holds_the_app_and_no_benchmark_code(tmp_path: Path) -> None:
         capture_output=True,
         timeout=300,
     )
-    names = zipfile.ZipFile(next(tmp_path.glob("pgstreams-*.whl"))).namelist()
+    wheel = next(tmp_path.glob("pgstreams-*.whl"))
+    assert wheel.name.startswith(f"pgstreams-{pgstreams.__version__}-")  # the version is declared once
+    names = zipfile.ZipFile(wheel).namelist()
     assert "pgstreams/listener.py" in names and "pgstreams/static/pgstreams/pgstreams.js" in names
+    assert "pgstreams/templatetags/pgstreams.py" in names and "pgstreams/templates/pgstreams/stream_html.html" in names
     assert not [name for name in names if "bench" in name or name.startswith(("tests/", "demo_project/"))]
+
+
+def test_the_changelog_starts_with_the_version_of_the_code() -> None:
+    """CHANGELOG.md's first entry is the version pgstreams says it is."""
+    first = re.search(r"^## (\S+)", (ROOT / "CHANGELOG.md").read_text(), re.M)
+    assert first and first[1] == pgstreams.__version__
 
 
 def metadata() -> dict[str, Any]:
@@ -57,7 +71,7 @@ def test_the_readme_and_the_guide_state_the_versions_the_package_declares() -> N
         f"Supported: Django {django[0]} LTS, {', '.join(django[1:-1])} and {django[-1]}, "
         f"on Python {', '.join(python[:-1])} and {python[-1]}"
     )
-    for doc in ("README.md", "docs/GUIDE.md"):
+    for doc in ("README.md", "docs/tutorial.md"):
         assert stated in " ".join((ROOT / doc).read_text().split()), f"{doc} should say: {stated}"
     project = metadata()
     assert project["requires-python"] == f">={python[0]}"

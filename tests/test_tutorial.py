@@ -1,5 +1,5 @@
-"""docs/GUIDE.md followed as written: a project that ``django-admin startproject`` made, with the
-guide's files added, checks clean, and a visitor's question becomes a stream its page reads live
+"""The tutorial (docs/tutorial.md) followed as written: a project that ``django-admin startproject`` made, with the
+tutorial's files added, checks clean, and a visitor's question becomes a stream its page reads live
 over WebSocket (in Chromium) and that SSE serves whole."""
 
 from __future__ import annotations
@@ -20,25 +20,24 @@ from tests.helpers import make_project as project
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess]
 
-GUIDE = ROOT / "docs" / "GUIDE.md"
+TUTORIAL = ROOT / "docs" / "tutorial.md"
 
 
-def guide_files() -> dict[str, str]:
-    """The blocks of the guide's first three sections, by the file their first line names (the
-    last block of a file shown twice)."""
-    text = GUIDE.read_text()
-    sections = text.split("## 1. Install", 1)[1].split("## 4. ", 1)[0]
+def tutorial_files() -> dict[str, str]:
+    """The tutorial's blocks, by the file their first line names (the last block of a file shown
+    twice)."""
+    sections = TUTORIAL.read_text()
     files = {}
     for language, block in re.findall(r"```(python|html)\n(.*?)```", sections, re.S):
         named = re.match(r"# (\S+\.py)|<!-- (\S+) -->", block)
-        assert named, f"a {language} block of the guide names no file: {block[:60]!r}"
+        assert named, f"a {language} block of the tutorial names no file: {block[:60]!r}"
         files[named[1] or named[2]] = block
     return files
 
 
 def make_project(folder: Path) -> None:
-    """startproject, then the guide's files; the test's own database in place of the guide's."""
-    files = guide_files()
+    """startproject, then the tutorial's files; the test's own database in place of the tutorial's."""
+    files = tutorial_files()
     expected = {"myproject/settings.py", "myproject/asgi.py", "myproject/urls.py", "myapp/views.py"}
     assert set(files) == expected | {"myapp/templates/answer.html"}
     project(folder, files)
@@ -69,7 +68,7 @@ def sse_text(host: str, stream_id: str) -> str:
     raise AssertionError(f"the SSE response ended without its end event, after {text!r}")
 
 
-def test_a_project_made_by_following_the_guide_streams_an_answer_to_its_page_and_over_sse(tmp_path, page) -> None:
+def test_a_project_made_by_following_the_tutorial_streams_an_answer_to_its_page_and_over_sse(tmp_path, page) -> None:
     make_project(tmp_path)
     checked = manage(tmp_path, "check")
     assert checked.returncode == 0 and "pgstreams." not in checked.stdout + checked.stderr, checked.stderr
