@@ -7,20 +7,17 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from bench import results
 from bench.catchup import CatchUpConfig, run_catch_up
-from bench.catchup import table as catch_up_table
 from bench.durable import DurableConfig, run_durable
-from bench.durable import table as durable_table
 from bench.fanout import TRANSPORTS, FanoutConfig, Shape, run_fanout
-from bench.fanout import table as fanout_table
-from bench.fleet import SHAPES, FleetConfig, FrozenConfig, fleet_table, frozen_table, run_fleet, run_frozen
+from bench.fleet import SHAPES, FleetConfig, FrozenConfig, run_fleet, run_frozen
 from bench.llm import LlmConfig, run_llm
 from bench.llm_procs import APPEND_METHODS, METHODS, PACE
-from bench.report import plot, table
+from bench.report import plot
 from bench.run import MODES, Config, run
 from bench.servers import SERVERS
 from bench.takeover import TakeoverConfig, connections_problem, run_takeover
-from bench.takeover import table as takeover_table
 
 
 class Command(BaseCommand):
@@ -32,7 +29,8 @@ class Command(BaseCommand):
         "or, with --catch-up, one reader catching up over WebSocket and SSE, per chunk size; "
         "or, with --takeover, generations in flight on task workers killed at random; "
         "or, with --frozen, one of three reader processes stopped while its notifications fill the queue; "
-        "or, with --fleet, reader processes in each shape and number."
+        "or, with --fleet, reader processes in each shape and number; "
+        "or, with --results, the results page from the latest reports."
     )
 
     def add_arguments(self, parser: Any) -> None:
@@ -177,8 +175,17 @@ class Command(BaseCommand):
         )
         parser.add_argument("--json", dest="json_path", help="write the report as JSON here")
         parser.add_argument("--plot", dest="plot_path", help="write the plot as PNG here")
+        parser.add_argument(
+            "--results",
+            action="store_true",
+            help="run nothing: make docs/results.md and the README's table from the reports in docs/results/",
+        )
 
     def handle(self, *args: Any, **o: Any) -> None:
+        if o["results"]:
+            for path in results.write():
+                self.stdout.write(f"wrote {path}")
+            return
         if o["readers"] is None:
             o["readers"] = 1 if o["llm"] else 2
         for name in ("writers", "readers", "fanout", "streams_per_writer", "clients"):
@@ -192,7 +199,7 @@ class Command(BaseCommand):
             if set(shapes) - set(SHAPES) or o["fleet_streams"] < 1 or o["fleet_rate"] <= 0:
                 raise CommandError(f"--fleet takes shapes among {', '.join(SHAPES)}; --fleet-streams and -rate > 0")
             processes, shard_counts = _counts(o, "fleet_processes"), _counts(o, "shards")
-            report = {"fleet": []}
+            kind, report = "fleet", {"fleet": []}
             for shape in shapes:
                 for shards in shard_counts:
                     config = FleetConfig(
@@ -204,19 +211,22 @@ class Command(BaseCommand):
                         duration=o["duration"],
                     )
                     report["fleet"].append(run_fleet(config, say=self.say))
-                    self.stdout.write(fleet_table(report["fleet"][-1]))
         elif o["frozen"]:
             modes = ("buffered", "per_write") if o["mode"] == "all" else (o["mode"],)
             if set(modes) - {"buffered", "per_write"} or o["stopped"] <= 0:
                 raise CommandError("--frozen runs --mode buffered or per_write (or all: both), --stopped above 0")
             guard = None if o["no_guard"] else FrozenConfig.guard
-            report = {
-                "frozen": [
-                    run_frozen(FrozenConfig(mode=mode, stopped=o["stopped"], guard=guard, tcp=o["tcp"]), say=self.say)
-                    for mode in modes
-                ]
-            }
-            self.stdout.write("\n\n".join(frozen_table(run) for run in report["frozen"]))
+            kind, report = (
+                "frozen",
+                {
+                    "frozen": [
+                        run_frozen(
+                            FrozenConfig(mode=mode, stopped=o["stopped"], guard=guard, tcp=o["tcp"]), say=self.say
+                        )
+                        for mode in modes
+                    ]
+                },
+            )
         elif o["takeover"]:
             if o["generations"] < 1 or o["kills"] < 0:
                 raise CommandError("--generations must be at least 1 and --kills at least 0")
@@ -224,20 +234,18 @@ class Command(BaseCommand):
             problem = connections_problem(config)
             if problem:
                 raise CommandError(problem)
-            report = run_takeover(config, say=self.say)
-            self.stdout.write(takeover_table(report))
+            kind, report = "takeover", run_takeover(config, say=self.say)
         elif o["catch_up"]:
-            report = self.run_catch_up(o)
-            self.stdout.write(catch_up_table(report))
+            kind, report = "catch_up", self.run_catch_up(o)
         elif o["fanout_shapes"]:
-            report = self.run_fanout(o)
-            self.stdout.write(fanout_table(report))
+            kind, report = "fanout", self.run_fanout(o)
         elif o["durable"]:
-            report = self.run_durable(o)
-            self.stdout.write(durable_table(report))
+            kind, report = "durable", self.run_durable(o)
         else:
+            kind = "llm" if o["llm"] else "modes"
             report = self.run_llm(o) if o["llm"] else self.run_modes(o, replica_writers)
-            self.stdout.write(table(report))
+        report["run"] = results.facts(kind)
+        self.stdout.write(results.table(report))
         if o["json_path"]:
             with open(o["json_path"], "w") as f:
                 json.dump(report, f, indent=2)

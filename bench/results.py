@@ -1,0 +1,236 @@
+"""The results page: ``docs/results.md`` and the README's short table, made from the latest report
+of each kind of run in ``docs/results/`` (``pgstreams_bench ... --json docs/results/<kind>.json``;
+``pgstreams_bench --results`` writes both). Every report says how it was made (``facts``): the
+command, the date, the commit and the machine. Reads JSON and writes Markdown; runs nothing.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+ROOT = Path(__file__).resolve().parent.parent
+FOLDER = ROOT / "docs" / "results"
+PAGE = ROOT / "docs" / "results.md"
+README = ROOT / "README.md"
+FRONT = re.compile(r"(<!-- results:[^\n]*-->\n).*?(<!-- /results -->)", re.S)
+
+
+class Kind(NamedTuple):
+    name: str  # the report's file: docs/results/<name>.json
+    title: str
+    what: str
+
+
+KINDS = [
+    Kind(
+        "modes",
+        "Writes and delivery per notification mode",
+        (
+            "Writers in one process, a transaction per write, with readers in other processes, in each "
+            "notification mode, next to pgbench's ceiling for the same statement; with WebSocket "
+            "clients of a daphne process."
+        ),
+    ),
+    Kind(
+        "llm",
+        "LLM token streams",
+        (
+            "1,000 streams written at a fixed rate of tokens each, as an LLM server would, per write "
+            "method; a reader process follows every stream."
+        ),
+    ),
+    Kind(
+        "fanout",
+        "One server process to many sockets",
+        (
+            "Delivery from one server process to many WebSocket and SSE subscribers (Node clients "
+            "acking every frame, the writer in another process), beside a raw ASGI app that sends the "
+            "same bytes with no database."
+        ),
+    ),
+    Kind(
+        "durable",
+        "The Durable Streams endpoint",
+        (
+            "pgstreams' Durable Streams endpoint next to the protocol's reference server: appends, "
+            "creates, reads and their latency."
+        ),
+    ),
+    Kind(
+        "catch_up",
+        "A reader catching up",
+        ("One reader catching up on a long stream over WebSocket and SSE, per chunk size: what it costs the server."),
+    ),
+    Kind(
+        "takeover",
+        "Generations on workers killed at random",
+        (
+            "Answers written by tasks on db_worker processes, workers killed mid-answer: every answer "
+            "whole, once, and how long a takeover took."
+        ),
+    ),
+    Kind(
+        "fleet",
+        "A fleet of reader processes on one Postgres",
+        (
+            "P reader processes sharing the streams (each stream followed in one process): delivery, "
+            "latency, and the CPU per delivered chunk of Postgres and of the readers."
+        ),
+    ),
+    Kind(
+        "frozen",
+        "A reader process frozen",
+        (
+            "One of three reader processes stopped (SIGSTOP) for a minute while its notifications would"
+            " fill a small notification queue: the other readers' latency before, during and after, and"
+            " the writes that failed."
+        ),
+    ),
+]
+
+
+def facts(kind: str) -> dict[str, Any]:
+    """How a report was made: its kind, the command, when, at which commit, on what machine."""
+    import psutil
+
+    commit = subprocess.run(
+        ["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    return {
+        "kind": kind,
+        "command": "python manage.py " + " ".join(sys.argv[1:]),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": commit or "unknown",
+        "machine": f"{os.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.0f} GiB, "
+        f"Python {platform.python_version()}, {platform.system()} {platform.release()}",
+    }
+
+
+def table(report: dict[str, Any]) -> str:
+    """The report's table, as the benchmark prints it."""
+    from .catchup import table as catch_up
+    from .durable import table as durable
+    from .fanout import table as fanout
+    from .fleet import fleet_table, frozen_table
+    from .report import table as modes
+    from .takeover import table as takeover
+
+    kind = report["run"]["kind"]
+    if kind == "fleet":
+        return "\n\n".join(fleet_table(run) for run in report["fleet"])
+    if kind == "frozen":
+        return "\n\n".join(frozen_table(run) for run in report["frozen"])
+    tables: dict[str, Callable[[dict[str, Any]], str]] = {
+        "modes": modes,
+        "llm": modes,
+        "fanout": fanout,
+        "durable": durable,
+        "catch_up": catch_up,
+        "takeover": takeover,
+    }
+    return tables[kind](report)
+
+
+def postgres(report: Any) -> str | None:
+    """The PostgreSQL version the report names, wherever it does."""
+    if isinstance(report, dict):
+        found = report.get("postgres")
+        if isinstance(found, str):
+            return found
+        values = list(report.values())
+    elif isinstance(report, list):
+        values = report
+    else:
+        return None
+    return next((version for value in values if (version := postgres(value))), None)
+
+
+def reports(folder: Path = FOLDER) -> dict[str, dict[str, Any]]:
+    import json
+
+    return {
+        kind.name: json.loads(path.read_text()) for kind in KINDS if (path := folder / f"{kind.name}.json").exists()
+    }
+
+
+def page(folder: Path = FOLDER) -> str:
+    """docs/results.md: for each kind with a report, its table and how it was made."""
+    lines = [
+        "# Results",
+        "",
+        "The latest run of each kind of benchmark, on the machine it names. Made by",
+        "`python manage.py pgstreams_bench --results` from the reports in `docs/results/`; each",
+        "report is what the command under its title wrote with `--json`. Quote ratios from one",
+        "run: absolute figures drift on shared machines. How these came to be, and what was tried",
+        "on the way, is in `docs/notes/BENCHMARKS.md`.",
+    ]
+    found = reports(folder)
+    for kind in KINDS:
+        report = found.get(kind.name)
+        if report is None:
+            continue
+        run = report["run"]
+        version = postgres(report)
+        machine = run["machine"] + (f", PostgreSQL {version}" if version else "")
+        lines += ["", f"## {kind.title}", "", kind.what, "", "```text", f"$ {run['command']}", table(report), "```"]
+        lines += ["", f"{run['date']}, commit `{run['commit']}`, {machine}."]
+    return "\n".join(lines) + "\n"
+
+
+def front(folder: Path = FOLDER) -> str:
+    """The README's short table: a few figures from the reports, as on the results page."""
+    found = reports(folder)
+    rows = []
+    if "modes" in found:
+        runs = {run["mode"]: run for run in found["modes"]["runs"]}
+        buffered, per_write = runs.get("buffered"), runs.get("per_write")
+        if buffered and per_write:
+            ratio = buffered["writes_per_s"] / per_write["writes_per_s"]
+            rows.append(
+                (
+                    "Writes/s, 32 connections, a transaction each",
+                    f"{buffered['writes_per_s']:,.0f} batched, {per_write['writes_per_s']:,.0f} with a NOTIFY per "
+                    f"write ({ratio:.1f}x)",
+                )
+            )
+            e2e = buffered["e2e_ms"]
+            rows.append(("Commit to a reader in another process, p50 / p99", f"{e2e['p50']:.1f} / {e2e['p99']:.1f} ms"))
+    if "llm" in found:
+        for row in found["llm"]["llm"][:1]:
+            rows.append(
+                (
+                    f"{row['streams']:,} token streams at {row['tokens_per_stream_s']:g} tokens/s each "
+                    f"({row['method']})",
+                    f"{row['sustained_per_s']:,.0f} of {row['offered_per_s']:,.0f} tokens/s sustained, p50 "
+                    f"{row['e2e_ms']['p50']:.0f} ms",
+                )
+            )
+    if "frozen" in found:
+        for run in found["frozen"]["frozen"]:
+            phases = [reader["phases"] for reader in run["healthy"]]
+            p99 = "/".join(f"{max(p[phase]['p99'] for p in phases):.1f}" for phase in ("before", "during", "after"))
+            rows.append(
+                (
+                    f"A reader process stopped {run['config']['stopped']:g} s, a {run['config']['queue_pages']}-page "
+                    f"notification queue ({run['config']['mode']})",
+                    f"{run['write_errors']} writes failed; others' p99 {p99} ms before/during/after",
+                )
+            )
+    return "\n".join(["| | |", "| --- | --- |", *(f"| {what} | {figure} |" for what, figure in rows)]) + "\n"
+
+
+def write() -> list[Path]:
+    """Write docs/results.md and the README's table; return the files written."""
+    PAGE.write_text(page())
+    readme = README.read_text()
+    made = FRONT.sub(lambda m: m[1] + front() + m[2], readme)
+    README.write_text(made)
+    return [PAGE, README]
