@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess]
 
 @pytest.mark.slow
 def test_a_tiny_run_of_every_mode(tmp_path, capsys) -> None:
-    out, png = tmp_path / "out.json", tmp_path / "out.png"
+    out, png = tmp_path / "reports" / "out.json", tmp_path / "out.png"  # (its folder made by the run)
     call_command(
         "pgstreams_bench",
         "--mode",
@@ -43,7 +43,9 @@ def test_a_tiny_run_of_every_mode(tmp_path, capsys) -> None:
         str(png),
     )
     report = json.loads(out.read_text())
-    assert set(report) >= {"machine", "config", "pgbench_tps", "runs", "ws"}
+    assert set(report) >= {"machine", "config", "pgbench_tps", "runs", "ws", "run"}
+    assert report["run"]["kind"] == "modes" and report["run"]["command"] == "call_command()"
+    assert report["run"]["date"] and report["run"]["commit"] != "unknown"
     assert [r["mode"] for r in report["runs"]] == ["insert_only", "buffered", "per_write", "off"]
     for run in report["runs"]:
         assert run["written"] > 0 and run["writes_per_s"] > 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
@@ -32,6 +33,12 @@ class Command(BaseCommand):
         "or, with --fleet, reader processes in each shape and number; "
         "or, with --results, the results page from the latest reports."
     )
+
+    argv: list[str] = []  # the options as given to manage.py, for the report's "run"
+
+    def run_from_argv(self, argv: list[str]) -> None:
+        self.argv = argv[2:]
+        super().run_from_argv(argv)
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--mode", default="all", choices=["all", *MODES])
@@ -186,6 +193,8 @@ class Command(BaseCommand):
             for path in results.write():
                 self.stdout.write(f"wrote {path}")
             return
+        if o["json_path"]:  # made now: a run can take minutes, and its report must not be lost at the end
+            Path(o["json_path"]).parent.mkdir(parents=True, exist_ok=True)
         if o["readers"] is None:
             o["readers"] = 1 if o["llm"] else 2
         for name in ("writers", "readers", "fanout", "streams_per_writer", "clients"):
@@ -244,7 +253,7 @@ class Command(BaseCommand):
         else:
             kind = "llm" if o["llm"] else "modes"
             report = self.run_llm(o) if o["llm"] else self.run_modes(o, replica_writers)
-        report["run"] = results.facts(kind)
+        report["run"] = results.facts(kind, self.argv)
         self.stdout.write(results.table(report))
         if o["json_path"]:
             with open(o["json_path"], "w") as f:
