@@ -191,6 +191,14 @@ def front(folder: Path = FOLDER) -> str:
     found = reports(folder)
     rows = []
     if "modes" in found:
+        plain, notified = found["modes"].get("pgbench_tps"), found["modes"].get("pgbench_notify_tps")
+        if plain and notified:
+            rows.append(
+                (
+                    "pgbench, the write statement from C clients, transactions/s",
+                    f"{plain:,.0f} plain, {notified:,.0f} with a `pg_notify` in each ({plain / notified:.1f}x)",
+                )
+            )
         runs = {run["mode"]: run for run in found["modes"]["runs"]}
         buffered, per_write = runs.get("buffered"), runs.get("per_write")
         if buffered and per_write:

@@ -28,3 +28,11 @@ def test_every_python_block_of_the_doc_compiles(doc: str) -> None:
         line = text[: text.index(block)].count("\n") + 1
         where = f"{doc}, the block at line {line}"
         compile(textwrap.dedent(block), where, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+
+
+def test_the_readme_is_a_front_page_that_links_every_page_of_the_site() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 200
+    pages = [p for p in PAGES[1:] if p.name not in ("index.md", "changelog.md")]
+    missing = [str(p.relative_to(ROOT)) for p in pages if f"({p.relative_to(ROOT)})" not in readme]
+    assert not missing, f"the README links no {missing}"
