@@ -1,6 +1,6 @@
 """Who may read a stream: the default rules for ``PGSTREAMS['AUTHORIZE']`` and
-``PGSTREAMS['DURABLE_AUTHORIZE']``, and the one lookup that the WebSocket consumer and the SSE view
-both go through."""
+``PGSTREAMS['DURABLE_AUTHORIZE']``, and the one lookup that the WebSocket consumer, the SSE view
+and ``{% stream_html %}`` all go through."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """HTTP views: ``events`` serves a stream as Server-Sent Events, for clients and proxies without
 WebSocket and for htmx (no SQL of its own beyond the authorization lookup; chunks come from the
-listener), and
-``metrics_view`` this process's Prometheus metrics."""
+listener), and ``metrics_view`` this process's Prometheus metrics."""
 
 from __future__ import annotations
 
