@@ -97,22 +97,44 @@ KINDS = [
 ]
 
 
-def facts(kind: str, argv: list[str]) -> dict[str, Any]:
-    """How a report was made: its kind, the command (``argv``: its options as given to manage.py;
-    none when called from Python), when, at which commit, on what machine."""
+def facts(argv: list[str]) -> dict[str, Any]:
+    """How a report is made, taken before its run: the command (``argv``: its options as given to
+    manage.py; none when called from Python), when, at which commit, on what machine. The
+    report's ``kind`` is added when it is known."""
     import psutil
 
-    commit = subprocess.run(
-        ["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
     return {
-        "kind": kind,
         "command": f"python manage.py pgstreams_bench {shlex.join(argv)}" if argv else "call_command()",
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": commit or "unknown",
+        "commit": _commit(),
         "machine": f"{os.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.0f} GiB, "
         f"Python {platform.python_version()}, {platform.system()} {platform.release()}",
     }
+
+
+def _commit() -> str:
+    """The checkout's commit, ``-dirty`` when files other than the results differ from it."""
+    git = ["git", "-C", str(ROOT)]
+    try:
+        commit = subprocess.run([*git, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout
+        changed = subprocess.run(
+            [
+                *git,
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ".",
+                ":!docs/results",
+                ":!docs/results.md",
+                ":!README.md",
+            ],
+            capture_output=True,
+            text=True,
+        ).stdout
+    except OSError:  # no git here
+        return "unknown"
+    return (commit.strip() + ("-dirty" if changed.strip() else "")) or "unknown"
 
 
 def table(report: dict[str, Any]) -> str:
@@ -205,7 +227,7 @@ def front(folder: Path = FOLDER) -> str:
             ratio = buffered["writes_per_s"] / per_write["writes_per_s"]
             rows.append(
                 (
-                    "Writes/s, 32 connections, a transaction each",
+                    f"Writes/s, {found['modes']['config']['writers']} connections, a transaction each",
                     f"{buffered['writes_per_s']:,.0f} batched, {per_write['writes_per_s']:,.0f} with a NOTIFY per "
                     f"write ({ratio:.1f}x)",
                 )
@@ -233,13 +255,17 @@ def front(folder: Path = FOLDER) -> str:
                     f"{run['write_errors']} writes failed; others' p99 {p99} ms before/during/after",
                 )
             )
-    return "\n".join(["| | |", "| --- | --- |", *(f"| {what} | {figure} |" for what, figure in rows)]) + "\n"
+    machines = sorted({report["run"]["machine"] for report in found.values()})
+    head = f"On {' and on '.join(machines)}, from the [results page](docs/results.md), which says how each was run:"
+    table = ["| What | Measured |", "| --- | --- |", *(f"| {what} | {figure} |" for what, figure in rows)]
+    return "\n".join([head, "", *table]) + "\n"
 
 
 def write() -> list[Path]:
     """Write docs/results.md and the README's table; return the files written."""
     PAGE.write_text(page())
-    readme = README.read_text()
-    made = FRONT.sub(lambda m: m[1] + front() + m[2], readme)
+    made, blocks = FRONT.subn(lambda m: m[1] + front() + m[2], README.read_text())
+    if blocks != 1:
+        raise ValueError(f"README.md should hold one <!-- results --> block, not {blocks}")
     README.write_text(made)
     return [PAGE, README]

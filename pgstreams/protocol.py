@@ -93,12 +93,18 @@ def sse_chunk(chunk: StreamChunk) -> bytes:
     return f'id: {chunk.offset}\ndata: {{"offset":{chunk.offset},{_data(chunk.data)}}}\n\n'.encode()
 
 
+def html_text(text: str) -> str:
+    """Text escaped for HTML, a carriage return as ``&#13;``: SSE would read a raw one as a line
+    break, and an HTML parser turns one into a line feed, so the page Django renders and the
+    chunks htmx swaps in hold the same characters."""
+    return escape(text).replace("\r", "&#13;")
+
+
 def sse_html_chunk(chunk: StreamChunk) -> bytes:
-    """One chunk of a text stream as an SSE event whose data is its text escaped for HTML, for
+    """One chunk of a text stream as an SSE event whose data is ``html_text`` of its text, for
     htmx's SSE extension to swap in as it is: ``id`` its offset; a line break a new ``data:``
-    line (EventSource joins them with one), a carriage return ``&#13;`` (SSE would read it as a
-    line break too)."""
-    lines = escape(chunk.data).replace("\r", "&#13;").split("\n")
+    line (EventSource joins them with one)."""
+    lines = html_text(chunk.data).split("\n")
     data = "".join(f"data: {line}\n" for line in lines)
     return f"id: {chunk.offset}\n{data}\n".encode()
 

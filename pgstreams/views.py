@@ -54,7 +54,7 @@ async def events(request: HttpRequest, stream_id: uuid.UUID) -> HttpResponse:
             start = protocol.parse_offset([last_seen], "Last-Event-ID") + 1
         else:
             start = protocol.parse_offset(request.GET.getlist("from"), "from")
-        encode = _format(request.GET.getlist("format"))
+        kind, encode = _format(request.GET.getlist("format"))
     except ValueError as exc:
         return HttpResponseBadRequest(f"{exc}\n", content_type="text/plain")
     try:
@@ -68,16 +68,16 @@ async def events(request: HttpRequest, stream_id: uuid.UUID) -> HttpResponse:
     if encode is _html_events and not stream.holds_text:
         message = f"format=html is for text streams; stream {stream_id} holds bytes ({stream.content_type})"
         return HttpResponseBadRequest(f"{message}\n", content_type="text/plain")
-    response = StreamingHttpResponse(_event_stream(stream_id, start, encode), content_type="text/event-stream")
+    response = StreamingHttpResponse(_event_stream(stream_id, start, kind, encode), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx: do not buffer the stream
     return response
 
 
-async def _event_stream(stream_id: uuid.UUID, position: int, encode: Encode) -> AsyncIterator[bytes]:
+async def _event_stream(stream_id: uuid.UUID, position: int, kind: str, encode: Encode) -> AsyncIterator[bytes]:
     metrics.sse_clients.inc()
     try:
-        async for part in _events(stream_id, position, encode):
+        async for part in _events(stream_id, position, kind, encode):
             yield part
     finally:
         metrics.sse_clients.dec()
@@ -92,19 +92,20 @@ def _html_events(chunks: Sequence[StreamChunk]) -> bytes:
 
 
 Encode = Callable[[Sequence[StreamChunk]], bytes]
-_FORMATS: dict[str, Encode] = {"json": _json_events, "html": _html_events}
+# ?format= -> the kind its events are shared under (delivery.shared), and how they are made.
+_FORMATS: dict[str, tuple[str, Encode]] = {"json": ("sse", _json_events), "html": ("sse-html", _html_events)}
 
 
-def _format(values: list[str]) -> Encode:
+def _format(values: list[str]) -> tuple[str, Encode]:
     if len(values) > 1:
         raise ValueError(f"give 'format' once, not {len(values)} times")
     name = values[0] if values else "json"
     if name not in _FORMATS:
-        raise ValueError(f"format is 'json' (the default) or 'html', not {name!r}")
+        raise ValueError(f"format is 'json' (the default) or 'html', not {name[:40]!r}")
     return _FORMATS[name]
 
 
-async def _events(stream_id: uuid.UUID, position: int, encode: Encode) -> AsyncIterator[bytes]:
+async def _events(stream_id: uuid.UUID, position: int, kind: str, encode: Encode) -> AsyncIterator[bytes]:
     """The stream's chunks as events from ``position``, through the stream's fan once at its
     tail (``delivery.afollow``), a comment after KEEPALIVE seconds of silence; ends after the
     batch that reaches RESPONSE_BYTES (the client resumes from Last-Event-ID), or with an
@@ -118,7 +119,7 @@ async def _events(stream_id: uuid.UUID, position: int, encode: Encode) -> AsyncI
                 if not batch:
                     yield protocol.SSE_KEEPALIVE
                     continue
-                events = delivery.shared(encode.__name__, batch, encode)  # as every subscriber at it sends it
+                events = delivery.shared(kind, batch, encode)  # as every subscriber at it sends it
                 yield events
                 position = batch[-1].offset + 1
                 sent += len(events)

@@ -68,7 +68,7 @@ async def test_websocket_clients_of_a_daphne_process_get_every_chunk(demo_server
 
 
 async def test_a_websocket_client_without_an_origin_header_is_refused_403(demo_server: str) -> None:
-    """The README's word: AllowedHostsOriginValidator wants an Origin among ALLOWED_HOSTS."""
+    """The tutorial's word: AllowedHostsOriginValidator wants an Origin among ALLOWED_HOSTS."""
     s = await pgstreams.acreate_stream()
     for origin in (None, "http://elsewhere.example"):
         with pytest.raises(websockets.InvalidStatus) as refused:
@@ -342,7 +342,6 @@ def test_the_htmx_page_shows_the_answer_so_far_then_follows_it_across_a_reload(d
     expected = open_htmx_page(page, demo_server, "Stream me into a template with htmx.")
     wait_for_htmx_growth(page)
     page.reload()  # mid-answer: Django renders what is committed, htmx follows from the next offset
-    wait_for_htmx_growth(page)
     wait_for_htmx_end(page)
     assert htmx_text(page) == expected  # nothing lost or repeated
 
@@ -362,6 +361,22 @@ def test_the_htmx_page_resumes_where_it_was_when_the_extension_opens_a_new_event
     )
     wait_for_htmx_end(page)
     assert htmx_text(page) == expected
+
+
+def test_the_htmx_page_closes_its_event_source_on_an_error_the_server_sent(demo_server, page) -> None:
+    """pgstreams/htmx.js: an ``error`` event (the stream deleted, its chunks pruned) ends the
+    reading; a failed connection (a plain Event) is left to the browser and the extension."""
+    open_htmx_page(page, demo_server, "Stop on the server's error.")
+    state = """(error) => {
+        const source = document.querySelector('[data-pgstreams-stream]')['htmx-internal-data'].sseEventSource;
+        source.dispatchEvent(error ? new MessageEvent('error', {data: '{"message": "gone"}'}) : new Event('error'));
+        return source.readyState;
+    }"""
+    page.wait_for_function(
+        "document.querySelector('[data-pgstreams-stream]')['htmx-internal-data'].sseEventSource.readyState === 1"
+    )
+    assert page.evaluate(state, False) == 1  # OPEN: a connection's failure, the browser's to retry
+    assert page.evaluate(state, True) == 2  # CLOSED
 
 
 def test_the_demo_application_starts_with_its_start_up_objects_frozen_out_of_the_collector() -> None:
@@ -417,15 +432,19 @@ def test_the_vendored_htmx_is_the_pinned_packages() -> None:
     if not (modules / "htmx.org").is_dir():
         pytest.skip("node/node_modules is not installed (cd node && npm ci)")
     vendored = ROOT / "demo_project" / "chat" / "static" / "chat" / "vendor"
+    pinned = json.loads((ROOT / "node" / "package.json").read_text())["devDependencies"]
     for package, script, copy in [("htmx.org", "htmx.min.js", "htmx"), ("htmx-ext-sse", "sse.min.js", "htmx-ext-sse")]:
+        installed = json.loads((modules / package / "package.json").read_text())["version"]
+        assert installed == pinned[package], f"node_modules holds {package} {installed}: cd node && npm ci"
         name = "htmx.min.js" if copy == "htmx" else f"{copy}.js"
         assert (vendored / name).read_bytes() == (modules / package / "dist" / script).read_bytes()
         assert (vendored / f"{copy}.LICENSE").read_bytes() == (modules / package / "LICENSE").read_bytes()
 
 
 def test_screenshots_of_the_demo(demo_server: str, page, tmp_path) -> None:
-    """The README's pictures: the chat mid-answer, a stopped answer, the admin's live tail, the
-    AI SDK chat mid-way through its second answer.
+    """The documentation's pictures: the chat mid-answer (the README, the site's front page), a
+    stopped answer (the front page), the admin's live tail (operations), the AI SDK chat mid-way
+    through its second answer (its how-to).
     ``PGSTREAMS_SCREENSHOTS=docs/screenshots python -m pytest tests/test_demo.py -k screenshots``
     writes them there; otherwise they go to a temporary directory (and the test still checks
     that each is taken)."""

@@ -10,6 +10,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AnonymousUser
 from django.core.exceptions import ImproperlyConfigured, PermissionDenied
+from django.http import Http404
 from django.template import Context, Template
 from django.test import RequestFactory
 
@@ -37,6 +38,16 @@ def test_an_open_stream_renders_its_text_escaped_and_follows_from_the_next_offse
         f'sse-connect="/pgstreams/streams/{s.id}/events?format=html&amp;from=2" sse-swap="message" '
         'sse-close="end" hx-swap="beforeend">&lt;b&gt;tag&lt;/b&gt; &amp; more\n</div>'
     )
+
+
+def test_the_text_is_escaped_with_autoescape_off_and_a_carriage_return_as_the_sse_view_sends_it() -> None:
+    s = pgstreams.create_stream()
+    pgstreams.write_many(s.id, ["<script>alert(1)</script>", "50%\r100%"])
+    raw = Template("{% load pgstreams %}{% autoescape off %}{% stream_html stream %}{% endautoescape %}")
+    request = RequestFactory().get("/")
+    request.user = AnonymousUser()
+    html = raw.render(Context({"request": request, "stream": s.id}))
+    assert ">&lt;script&gt;alert(1)&lt;/script&gt;50%&#13;100%</div>" in html
 
 
 def test_a_closed_stream_renders_its_text_and_nothing_to_follow() -> None:
@@ -67,7 +78,7 @@ def test_the_reader_is_authorized_as_at_the_sse_view() -> None:
     for user in (other, None):
         with pytest.raises(PermissionDenied):
             render(s.id, user)
-    with pytest.raises(pgstreams.StreamNotFound):
+    with pytest.raises(Http404):  # as the SSE view answers
         render("00000000-0000-0000-0000-000000000000")
 
 

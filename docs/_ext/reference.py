@@ -5,6 +5,7 @@ Each is a directive that writes Markdown and parses it in place."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -89,15 +90,18 @@ class Metrics(_Generated):
 
 
 class Commands(_Generated):
-    """Each management command's ``--help``."""
+    """Each management command's ``--help``, wrapped at 100 columns whatever the builder's terminal."""
 
     def lines(self) -> list[str]:
+        from unittest import mock
+
         from django.core.management import load_command_class
 
         lines: list[str] = []
         for path in sorted((PACKAGE / "management" / "commands").glob("pgstreams_*.py")):
             command = load_command_class("pgstreams", path.stem)
-            text = command.create_parser("manage.py", path.stem).format_help()
+            with mock.patch.dict(os.environ, {"COLUMNS": "100"}):  # argparse wraps to COLUMNS
+                text = command.create_parser("manage.py", path.stem).format_help()
             lines += ["```{rubric} " + path.stem, "```", "", "```text", *text.splitlines(), "```", ""]
         return lines
 

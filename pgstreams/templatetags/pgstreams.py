@@ -13,10 +13,14 @@ from typing import Any
 
 from django import template
 from django.core.exceptions import ImproperlyConfigured
+from django.http import Http404
 from django.urls import reverse
+from django.utils.safestring import mark_safe
 
+from .. import conf
 from ..auth import _readable_stream
-from ..exceptions import ChunksPruned
+from ..exceptions import ChunksPruned, StreamNotFound
+from ..protocol import html_text
 from ..reader import read
 from ..types import stream_uuid
 
@@ -27,8 +31,10 @@ register = template.Library()
 def stream_html(context: template.Context, stream: Any) -> dict[str, Any]:
     """The stream (a Stream or its id) so far, and, while it is open, what htmx needs to follow it.
 
-    Raises StreamNotFound or PermissionDenied (a 403) as the SSE view would answer; chunks
-    already pruned are left out (the text starts at the first chunk kept).
+    Answers as the SSE view would: ``Http404`` for no such stream, ``PermissionDenied`` (403) for
+    a reader ``AUTHORIZE`` refuses. The text is escaped here, whatever the template's autoescape,
+    as the SSE view escapes what follows; chunks already pruned are left out (the text starts at
+    the first chunk kept).
     """
     request = context.get("request")
     if request is None:
@@ -36,15 +42,18 @@ def stream_html(context: template.Context, stream: Any) -> dict[str, Any]:
             "{% stream_html %} authorizes the reader by the request: add "
             "'django.template.context_processors.request' to the template engine's context_processors"
         )
-    sid = stream_uuid(stream)
-    found = _readable_stream(getattr(request, "user", None), sid)
+    try:
+        sid = stream_uuid(stream)
+        found = _readable_stream(getattr(request, "user", None), sid)
+    except StreamNotFound as exc:
+        raise Http404(str(exc)) from exc
     if not found.holds_text:
         raise ValueError(f"{{% stream_html %}} shows text streams; stream {sid} holds bytes ({found.content_type})")
     end = found.next_offset
     events = reverse("pgstreams:events", kwargs={"stream_id": sid})
     return {
         "stream_id": sid,
-        "text": "".join(_text(sid, end)),
+        "text": mark_safe(html_text("".join(_text(sid, end)))),  # escaped by html_text
         "events": None if found.is_closed else f"{events}?format=html&from={end}",
     }
 
@@ -55,7 +64,8 @@ def _text(sid: Any, end: int, start: int = 0) -> list[str]:
         return []
     texts = []
     try:
-        for chunk in read(sid, from_offset=start):
+        # QUERY_TIMEOUT for each chunk: they are committed, and only a lagging READ_DATABASE waits.
+        for chunk in read(sid, from_offset=start, timeout=conf.query_timeout()):
             texts.append(chunk.data)
             if chunk.offset + 1 >= end:
                 break

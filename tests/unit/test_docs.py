@@ -36,3 +36,14 @@ def test_the_readme_is_a_front_page_that_links_every_page_of_the_site() -> None:
     pages = [p for p in PAGES[1:] if p.name not in ("index.md", "changelog.md")]
     missing = [str(p.relative_to(ROOT)) for p in pages if f"({p.relative_to(ROOT)})" not in readme]
     assert not missing, f"the README links no {missing}"
+
+
+def test_every_relative_link_of_every_markdown_file_names_a_file_that_exists() -> None:
+    """Sphinx checks the site's links (-W), but not the README's, the changelog's or the notes'."""
+    broken = []
+    for path in [*ROOT.glob("*.md"), *(ROOT / "docs").rglob("*.md")]:
+        text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)  # not inside code blocks
+        for target in re.findall(r"\]\(([^)\s#]+)(?:#[^)]*)?\)", text):
+            if not re.match(r"[a-z]+:", target) and not (path.parent / target).exists():
+                broken.append(f"{path.relative_to(ROOT)}: {target}")
+    assert not broken

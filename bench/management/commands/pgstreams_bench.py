@@ -195,6 +195,7 @@ class Command(BaseCommand):
             return
         if o["json_path"]:  # made now: a run can take minutes, and its report must not be lost at the end
             Path(o["json_path"]).parent.mkdir(parents=True, exist_ok=True)
+        made = results.facts(self.argv)
         if o["readers"] is None:
             o["readers"] = 1 if o["llm"] else 2
         for name in ("writers", "readers", "fanout", "streams_per_writer", "clients"):
@@ -253,7 +254,7 @@ class Command(BaseCommand):
         else:
             kind = "llm" if o["llm"] else "modes"
             report = self.run_llm(o) if o["llm"] else self.run_modes(o, replica_writers)
-        report["run"] = results.facts(kind, self.argv)
+        report["run"] = {"kind": kind, **made}
         self.stdout.write(results.table(report))
         if o["json_path"]:
             with open(o["json_path"], "w") as f:
