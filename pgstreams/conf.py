@@ -240,7 +240,7 @@ query_timeout: Setting[float] = Setting(
     "seconds a query on pgstreams' own connections may take, its whole answer included; past it the connection "
     "is cut and opened again (a fetch round that ran out of time is split into smaller ones). It also sets their "
     "TCP keepalives and `tcp_user_timeout`, so a peer that vanished is noticed within seconds (see "
-    "[failover](../howto/deploy.md))",
+    "[failover](../howto/deploy.md#failover-and-dead-connections))",
     float,
 )
 listen_check_interval: Setting[float] = Setting(
