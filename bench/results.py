@@ -7,7 +7,6 @@ command, the date, the commit and the machine. Reads JSON and writes Markdown; r
 from __future__ import annotations
 
 import datetime
-import os
 import platform
 import re
 import shlex
@@ -101,14 +100,15 @@ def facts(argv: list[str]) -> dict[str, Any]:
     """How a report is made, taken before its run: the command (``argv``: its options as given to
     manage.py; none when called from Python), when, at which commit, on what machine. The
     report's ``kind`` is added when it is known."""
-    import psutil
+    from .run import host
 
+    facts = host()
     return {
         "command": f"python manage.py pgstreams_bench {shlex.join(argv)}" if argv else "call_command()",
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "commit": _commit(),
-        "machine": f"{os.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.0f} GiB, "
-        f"Python {platform.python_version()}, {platform.system()} {platform.release()}",
+        "machine": f"{facts['cpus']} CPUs, {facts['memory_gib']:.0f} GiB, Python {facts['python']}, "
+        f"{platform.system()} {platform.release()}",
     }
 
 

@@ -58,19 +58,23 @@ LATENCY_KEYS = {"p50": 0.50, "p95": 0.95, "p99": 0.99, "p999": 0.999, "max": 1.0
 CDF_KEYS = {str(i): i / 100 for i in range(101)}  # for the plot: the latency at each percent
 
 
-def machine() -> dict[str, Any]:
+def host() -> dict[str, Any]:
+    """The machine a run is on, without asking the database."""
     import psutil
 
-    with connections[conf.database()].cursor() as cursor:
-        cursor.execute("SHOW server_version")
-        server = cursor.fetchone()[0]
     return {
         "platform": platform.platform(),
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-        "postgres": server,
     }
+
+
+def machine() -> dict[str, Any]:
+    with connections[conf.database()].cursor() as cursor:
+        cursor.execute("SHOW server_version")
+        server = cursor.fetchone()[0]
+    return {**host(), "postgres": server}
 
 
 def run(config: Config, say: Callable[[str], None] = print) -> dict[str, Any]:

@@ -23,10 +23,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 TEMPLATE = Template("{% load pgstreams %}{% stream_html stream %}")
 
 
-def render(stream, user=None) -> str:
+def render(stream, user=None, template: Template = TEMPLATE) -> str:
     request = RequestFactory().get("/")
     request.user = user or AnonymousUser()
-    return TEMPLATE.render(Context({"request": request, "stream": stream}))
+    return template.render(Context({"request": request, "stream": stream}))
 
 
 def test_an_open_stream_renders_its_text_escaped_and_follows_from_the_next_offset() -> None:
@@ -44,9 +44,7 @@ def test_the_text_is_escaped_with_autoescape_off_and_a_carriage_return_as_the_ss
     s = pgstreams.create_stream()
     pgstreams.write_many(s.id, ["<script>alert(1)</script>", "50%\r100%"])
     raw = Template("{% load pgstreams %}{% autoescape off %}{% stream_html stream %}{% endautoescape %}")
-    request = RequestFactory().get("/")
-    request.user = AnonymousUser()
-    html = raw.render(Context({"request": request, "stream": s.id}))
+    html = render(s.id, template=raw)
     assert ">&lt;script&gt;alert(1)&lt;/script&gt;50%&#13;100%</div>" in html
 
 
