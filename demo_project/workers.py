@@ -18,13 +18,21 @@ ROOT = Path(__file__).resolve().parent.parent  # where manage.py is
 
 
 def start_worker(
-    worker_id: str, *, interval: float = 0.1, env: dict[str, str] | None = None, cwd: Path = ROOT
+    worker_id: str,
+    *,
+    interval: float = 0.1,
+    env: dict[str, str] | None = None,
+    cwd: Path = ROOT,
+    max_tasks: int | None = None,
 ) -> subprocess.Popen[bytes]:
     """A ``db_worker`` named ``worker_id`` (as its tasks' results record it) that looks for a task
     every ``interval`` seconds, with this process's environment and ``env``, run from ``cwd``
-    (the demo's root, or another project's); its output is dropped."""
+    (the demo's root, or another project's), and exits after ``max_tasks`` tasks if given; its
+    output is dropped."""
     command = [sys.executable, "manage.py", "db_worker", "--no-reload", "--no-startup-delay"]
     command += ["--interval", str(interval), "--worker-id", worker_id]
+    if max_tasks is not None:
+        command += ["--max-tasks", str(max_tasks)]
     return subprocess.Popen(
         command,
         cwd=cwd,

@@ -200,7 +200,8 @@ def generate(stream_id: Any, source: Callable[[str], Iterable[str]], *, using: s
     """In a generation's task: take the answer (``generations.take``) and write what
     ``source(text)`` yields, text deltas, as its one assistant message, going on from ``text``,
     the message's text as earlier runs left it ("" on the first), in the same text part; then
-    end it with ``finish`` (or ``error`` if ``source`` raised), as ``write_answer`` does.
+    end it with ``finish``, or with ``error`` (in one append, so that a run that takes it over
+    never finishes an answer whose source failed) if ``source`` raised.
 
     Returns how it ended; "stopped" when the answer was closed (``stop``, or out of attempts)
     or a later run took it: then nothing more is written."""
@@ -212,11 +213,10 @@ def generate(stream_id: Any, source: Callable[[str], Iterable[str]], *, using: s
                 taken.write(part("start", messageId=message_id(sid)))
             if "start-step" not in kinds:
                 taken.write(part("start-step"))
-            ending: Ending = "finish"
-            if "finish-step" not in kinds:
-                if text_id is None:
-                    text_id = f"text-{kinds.count('text-start') + 1}"
-                    taken.write(part("text-start", id=text_id))
+            if "text-start" not in kinds:  # else the source ran to its end (text-end) or goes on
+                text_id = "text-1"
+                taken.write(part("text-start", id=text_id))
+            if text_id is not None:
                 try:
                     for delta in source(text):
                         taken.write(part("text-delta", id=text_id, delta=delta))
@@ -224,11 +224,13 @@ def generate(stream_id: Any, source: Callable[[str], Iterable[str]], *, using: s
                     raise
                 except Exception:
                     logger.exception("pgstreams: the source of the answer in stream %s failed", sid)
-                    ending = "error"
+                    taken.close(part("error", errorText=ERROR_TEXT))
+                    return "error"
                 taken.write(part("text-end", id=text_id))
+            if "finish-step" not in kinds:
                 taken.write(part("finish-step"))
-            taken.close(part("finish") if ending == "finish" else part("error", errorText=ERROR_TEXT))
-            return ending
+            taken.close(part("finish"))
+            return "finish"
     except (StreamClosed, ProducerFenced):
         return "stopped"
 

@@ -247,7 +247,7 @@ class Appender:
         try:
             conn = self._connection()
             with db.watched(conn, "appending a batch"):
-                conn.execute("BEGIN")
+                conn.execute(db.begin_bounded_sql())  # a stopped process holds its rows no longer
                 outcome = batches.run(conn, batch, conf.synchronous_commit(), conf.prepared_statements(), held)
                 if outcome.marks and mode == "per_write":
                     conn.execute(NOTIFY_SQL, notify.notes(outcome.marks))

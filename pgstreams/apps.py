@@ -1,4 +1,5 @@
-"""App configuration: wires up the system checks. No queries and no threads start here."""
+"""App configuration: wires up the system checks and the signals pgstreams receives (the Tasks
+API's ``task_finished``, for generations). No queries and no threads start here."""
 
 from django.apps import AppConfig
 
@@ -9,4 +10,6 @@ class PgStreamsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401  (registers the checks)
+        from . import checks, generations  # noqa: F401  (importing checks registers them)
+
+        generations.connect_signals()

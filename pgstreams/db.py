@@ -1,7 +1,9 @@
 """Connections of pgstreams' own (listener, fetcher, flusher, appender), made from a Django alias,
 and the limits that keep a dead or silent peer from holding them: a connect timeout, TCP
 keepalives and ``tcp_user_timeout``, and a deadline on every query (``deadline()`` in async
-code; ``watched()`` for a blocking connection, enforced by a watchdog thread).
+code; ``watched()`` for a blocking connection, enforced by a watchdog thread); and the bound on
+how long a transaction that locks a stream's row may sit idle (``bound_idle()``), so that a
+stopped or partitioned process holds no row for long.
 
 The only module that turns ``settings.DATABASES`` into psycopg connection arguments. The write
 path does not come here: it runs on Django's own connection, inside the caller's transaction.
@@ -18,7 +20,7 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Any, Final
 
 import psycopg
 from django.db import connections
@@ -216,3 +218,30 @@ def watched(conn: psycopg.Connection[Any], what: str) -> contextlib.AbstractCont
     QUERY_TIMEOUT (give or take a quarter second) has its connection severed, and the block
     raises ``QueryTimeout``; the caller drops the connection and opens another."""
     return _watchdogs.get().watched(conn, what)
+
+
+# Ends the session of a client that leaves its transaction idle longer than the value (for this
+# transaction only: set_config's third argument, so a pooled connection keeps nothing of it).
+_IDLE_BOUND_SQL: Final = "SELECT set_config('idle_in_transaction_session_timeout', %s, true)"
+
+
+def idle_bound() -> float:
+    """Seconds a transaction of pgstreams' that locks a stream's row may sit idle before Postgres
+    ends its session: half of QUERY_TIMEOUT. A stopped or partitioned process thus holds a row no
+    longer, and a writer that waits for that row (QUERY_TIMEOUT at most) gets it."""
+    return conf.query_timeout() / 2
+
+
+def begin_bounded_sql() -> str:
+    """``BEGIN`` and the idle bound, as one simple query: no round trip more than BEGIN's (no
+    parameter either: the value is the code's, not a user's)."""
+    return f"BEGIN; SELECT set_config('idle_in_transaction_session_timeout', '{_idle_ms()}', true)"
+
+
+def bound_idle(cursor: Any) -> None:
+    """Set the idle bound for the rest of the transaction open on ``cursor``'s connection."""
+    cursor.execute(_IDLE_BOUND_SQL, [_idle_ms()])
+
+
+def _idle_ms() -> str:
+    return f"{max(1, round(idle_bound() * 1000))}ms"

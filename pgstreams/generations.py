@@ -10,11 +10,18 @@ it gets the chunks stored so far, to go on from there; and the ``Taken`` it retu
 lease on the stream while the task writes through it.
 
 Each process that started or took a generation runs one generations thread, on one connection:
-it renews the leases of the generations the process writes, and looks for generations whose
-lease ran out. The first to look takes one over (``FOR UPDATE SKIP LOCKED``: one process, once):
-it counts an attempt and enqueues the task again, in one transaction, the lease then counting
-the time the task may wait for a worker. After its last attempt a generation ends with its
-``last`` chunk. A closed stream (finished, stopped) is never taken nor taken over.
+it renews the leases of the generations the process writes while they make progress (a write
+within ``stall`` seconds), and looks for generations whose lease ran out. The first to look
+takes one over (``FOR UPDATE SKIP LOCKED``: one process, once): it counts an attempt, fences
+the run that held it (a new producer epoch: its writes and renewals are refused from then on)
+and enqueues the task again, in one transaction, the lease then counting the time the task may
+wait for a worker. A run that ends without ending its generation (its task failed before or
+after ``take()``) gives the lease up as its task finishes (the Tasks API's ``task_finished``
+signal), so the next look takes it over at once. After its last attempt a generation ends with
+its ``last`` chunk. A closed stream (finished, stopped) is never taken nor taken over.
+
+A stalled process holds a generation's row at most ``db.IDLE_BOUND`` (half of QUERY_TIMEOUT):
+every transaction that locks it ends the session of a client that leaves it idle that long.
 
 Not here: what the task writes (the project's), running the tasks (the task backend's workers),
 and who may read the stream.
@@ -30,13 +37,14 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from importlib import import_module
 from types import TracebackType
 from typing import Any, Final
 
 from django.db import DatabaseError, connections, transaction
 from django.utils.module_loading import import_string
 
-from . import appends, conf, contents, leases, producers
+from . import appends, conf, contents, db, leases, producers
 from .exceptions import StreamClosed, StreamError, StreamNotFound
 from .models import Stream
 from .process import PerProcess
@@ -50,6 +58,7 @@ KEY: Final = "pgstreams_generation"
 PRODUCER: Final = "pgstreams-generation"  # the producer id every writer of a generation writes as
 ATTEMPTS: Final = 3  # runs of a generation's task at most, by default: its first and two takeovers
 LEASE: Final = 10.0  # seconds a taken generation is kept for its writer without a renewal
+STALL: Final = 120.0  # seconds a run may go without a write before its lease is no longer renewed
 QUEUE_TIMEOUT: Final = 600.0  # seconds an enqueued attempt may wait for a worker, by default
 TAKEOVER_INTERVAL: Final = 1.0  # seconds between a process's looks for generations to take over
 RETRY: Final = 0.5  # seconds before a failed lease renewal is tried again, at most
@@ -61,11 +70,14 @@ _EXPIRED_SQL: Final = (
     " AND (metadata->'pgstreams_lease'->>'until')::float8 < extract(epoch FROM now())"
     " ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED"
 )
-# A takeover: one attempt more, and the lease the time the new attempt may wait for a worker.
+# A takeover: one attempt more, its task's result, the epoch that fences the run before, and the
+# lease the time the new attempt may wait for a worker.
 _NEXT_ATTEMPT_SQL: Final = (
-    "UPDATE pgstreams_stream SET metadata = jsonb_set(jsonb_set(metadata,"
-    " '{pgstreams_generation,attempt}', to_jsonb((metadata->'pgstreams_generation'->>'attempt')::int + 1)),"
-    " '{pgstreams_lease,until}', to_jsonb(extract(epoch FROM now()) + %s)) WHERE id = %s"
+    "UPDATE pgstreams_stream SET metadata = jsonb_set(metadata, '{pgstreams_lease,until}',"
+    " to_jsonb(extract(epoch FROM now()) + %s)) || jsonb_build_object('pgstreams_generation',"
+    " metadata->'pgstreams_generation' || jsonb_build_object("
+    "'attempt', (metadata->'pgstreams_generation'->>'attempt')::int + 1, 'result', %s::text, 'epoch', %s::bigint))"
+    " WHERE id = %s"
 )
 # A take: the stream's row, locked, and its generation.
 _TAKE_SQL: Final = (
@@ -73,11 +85,16 @@ _TAKE_SQL: Final = (
     " WHERE id = %s AND deleted_at IS NULL FOR UPDATE"
 )
 _EPOCH_SQL: Final = "SELECT epoch FROM pgstreams_producer WHERE stream_id = %s AND producer_id = %s"
-# A renewal by the writer that holds ``epoch``; after another take it renews nothing.
+# A renewal by the run that holds ``epoch``; after a takeover or another take it renews nothing.
 _RENEW_SQL: Final = (
     "UPDATE pgstreams_stream SET metadata = jsonb_set(metadata, '{pgstreams_lease,until}',"
     " to_jsonb(extract(epoch FROM now()) + %s)) WHERE id = %s AND closed_at IS NULL"
     " AND (metadata->'pgstreams_generation'->>'epoch')::bigint = %s"
+)
+# The lease given up by the run of task result ``result``, if it is the generation's current one.
+_GIVE_UP_SQL: Final = (
+    "UPDATE pgstreams_stream SET metadata = jsonb_set(metadata, '{pgstreams_lease,until}', to_jsonb(0))"
+    " WHERE id = %s AND closed_at IS NULL AND metadata->'pgstreams_generation'->>'result' = %s"
 )
 _TAKEN_SQL: Final = (
     "UPDATE pgstreams_stream SET metadata = jsonb_set(metadata, '{pgstreams_generation,epoch}', to_jsonb(%s::bigint))"
@@ -92,6 +109,7 @@ def start(
     attempts: int = ATTEMPTS,
     lease: float = LEASE,
     queue_timeout: float = QUEUE_TIMEOUT,
+    stall: float | None = STALL,
     stream: dict[str, Any] | None = None,
     using: str | None = None,
     **kwargs: Any,
@@ -107,17 +125,24 @@ def start(
         lease: seconds a writer may go without renewing its lease (``Taken`` renews it a third
             of that apart) before the generation is taken over.
         queue_timeout: seconds an attempt may wait for a worker before it counts as failed.
+        stall: seconds a run may go without writing (or calling ``Taken.renew()``) before its
+            lease is left to run out, so that a run stuck in a model call is taken over; None
+            watches only that the run's process is alive.
         stream: ``create_stream()``'s arguments (owner, label, content_type, path...).
 
     Raises:
         InvalidChunk: ``last`` is not a chunk the stream can hold (nothing is made); ValueError
-            for a lease, queue_timeout or attempts out of range.
+            for a lease, queue_timeout, stall or attempts out of range, or arguments that are
+            not JSON Postgres can store (a NUL character, a lone surrogate).
     """
-    for name, value in (("lease", lease), ("queue_timeout", queue_timeout)):
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+    for name, value in (("lease", lease), ("queue_timeout", queue_timeout), ("stall", stall)):
+        if value is None and name == "stall":
+            continue
+        if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
             raise ValueError(f"{name} is a number of seconds above 0, not {value!r}")
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
         raise ValueError(f"attempts is a whole number, 1 or more, not {attempts!r}")
+    _check_storable([list(args), kwargs])
     alias = using or conf.database()
     generation = {
         "task": task.module_path,
@@ -127,12 +152,14 @@ def start(
         "attempts": attempts,
         "lease": lease,
         "queue_timeout": queue_timeout,
+        "stall": stall,
         "epoch": -1,
     }
     with transaction.atomic(using=alias):
         made = create_stream(using=alias, **(stream or {}))
         # Its last chunk ends the stream one day, in another process: refused now if it cannot.
         contents.check_fits(contents.kind_of(made.content_type), last, made.id)
+        generation["result"] = str(task.enqueue(str(made.id), *args, **kwargs).id)
         with connections[alias].cursor() as cursor:
             cursor.execute(
                 "UPDATE pgstreams_stream SET metadata = metadata || jsonb_build_object(%s::text, %s::jsonb)"
@@ -140,9 +167,37 @@ def start(
                 [KEY, json.dumps(generation), made.id],
             )
         leases.renew(made.id, queue_timeout, last, using=alias)
-        task.enqueue(str(made.id), *args, **kwargs)
     _thread.get()  # this process looks for takeovers from now on
     return made
+
+
+def _check_storable(value: Any) -> None:
+    """Raise ValueError if ``value`` is not JSON that Postgres can store: jsonb refuses a NUL
+    character, and no UTF-8 holds a lone surrogate."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ValueError(f"a generation's task arguments must be JSON ({exc})") from None
+    pending = [value]
+    while pending:  # bounded by the value's size
+        item = pending.pop()
+        if isinstance(item, dict):
+            pending.extend(item)
+            pending.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            pending.extend(item)
+        elif isinstance(item, str):
+            if "\x00" in item:
+                raise ValueError(
+                    "a generation's task arguments hold a NUL character, which Postgres cannot store; remove it"
+                )
+            if not item.isascii():
+                try:
+                    item.encode()
+                except UnicodeEncodeError:
+                    raise ValueError(
+                        "a generation's task arguments hold a lone surrogate, which is not text; remove it"
+                    ) from None
 
 
 def take(stream_id: Any, *, using: str | None = None) -> Taken:
@@ -158,6 +213,7 @@ def take(stream_id: Any, *, using: str | None = None) -> Taken:
     sid = stream_uuid(stream_id)
     alias = using or conf.database()
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        db.bound_idle(cursor)  # the row is locked from here: a stalled process holds it no longer
         cursor.execute(_TAKE_SQL, [sid])
         row = cursor.fetchone()
         if row is None:
@@ -177,36 +233,60 @@ def take(stream_id: Any, *, using: str | None = None) -> Taken:
         cursor.execute('SELECT data FROM pgstreams_chunk WHERE stream_id = %s ORDER BY "offset"', [sid])
         chunks = [data for (data,) in cursor.fetchall()]
     _thread.get()  # this process looks for takeovers from now on
-    return Taken(sid, alias, epoch, generation["attempt"], float(generation["lease"]), chunks)
+    stall = generation.get("stall", STALL)
+    return Taken(sid, alias, epoch, generation["attempt"], float(generation["lease"]), stall, chunks)
 
 
 class Taken:
     """One run's hold on a generation: ``chunks`` is what was stored before it; ``write()`` and
-    ``close()`` append as its producer epoch (``ProducerFenced`` once another run has taken the
-    stream; ``StreamClosed`` once it ended). As a context manager it keeps the lease: this
-    process's generations thread renews it while the block runs."""
+    ``close()`` append as its producer epoch (``ProducerFenced`` once the run was taken over or
+    another run has taken the stream; ``StreamClosed`` once it ended). As a context manager it
+    keeps the lease: this process's generations thread renews it while the block runs and the
+    run makes progress (a write, or ``renew()``, within ``stall`` seconds)."""
 
     def __init__(
-        self, stream_id: uuid.UUID, alias: str, epoch: int, attempt: int, lease: float, chunks: list[str]
+        self,
+        stream_id: uuid.UUID,
+        alias: str,
+        epoch: int,
+        attempt: int,
+        lease: float,
+        stall: float | None,
+        chunks: list[str],
     ) -> None:
         self.stream_id, self.alias, self.epoch, self.attempt, self.lease = stream_id, alias, epoch, attempt, lease
+        self.stall = stall
         self.chunks = chunks
+        self.progressed_at = time.monotonic()
         self._seq = 0
         self._holder: _Thread | None = None
 
     def write(self, data: str, *, close: bool = False) -> int | None:
-        """Append ``data`` (and close the stream with it, with ``close``); its offset."""
+        """Append ``data`` (and close the stream with it, with ``close``); its offset. After
+        OutcomeUnknown, write the same ``data`` again: it is stored once (its producer seq
+        moves on only once it is written)."""
         producer = Producer(PRODUCER, self.epoch, self._seq)
+        offset = appends.append(self.stream_id, data, close=close, producer=producer, using=self.alias)
         self._seq += 1
-        return appends.append(self.stream_id, data, close=close, producer=producer, using=self.alias)
+        self.progressed_at = time.monotonic()
+        return offset
 
     def close(self, data: str) -> int | None:
         """End the generation with its last chunk ``data``."""
         return self.write(data, close=True)
 
+    def progress(self) -> None:
+        """Count as progress, as a write does: for a run that works longer than ``stall``
+        between two writes (a tool call, say), so that its lease goes on being renewed."""
+        self.progressed_at = time.monotonic()
+
+    def stalled(self, now: float) -> bool:
+        """Whether the run has gone ``stall`` seconds without progress."""
+        return self.stall is not None and now - self.progressed_at > self.stall
+
     def renew(self) -> None:
-        """Renew the lease from now, if this run still holds the generation (after another take,
-        or once it ended, nothing changes)."""
+        """Renew the lease from now, if this run still holds the generation (after a takeover,
+        another take, or once it ended, nothing changes)."""
         with connections[self.alias].cursor() as cursor:
             cursor.execute(_RENEW_SQL, [self.lease, self.stream_id, self.epoch])
 
@@ -221,12 +301,13 @@ class Taken:
 
 
 def take_over_expired(*, using: str | None = None, limit: int = 100) -> int:
-    """Take over up to ``limit`` generations whose lease has run out, as one process: enqueue
-    their task again (one attempt more), or end those out of attempts with their last chunk.
-    Return how many were taken over or ended."""
+    """Take over up to ``limit`` generations whose lease has run out, as one process: fence the
+    run that held each and enqueue its task again (one attempt more), or end those out of
+    attempts with their last chunk. Return how many were taken over or ended."""
     alias = using or conf.database()
     ended: list[tuple[uuid.UUID, str]] = []
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        db.bound_idle(cursor)
         cursor.execute(_EXPIRED_SQL, [limit])
         rows = cursor.fetchall()
         for sid, value, last in rows:
@@ -237,8 +318,11 @@ def take_over_expired(*, using: str | None = None, limit: int = 100) -> int:
                 continue
             try:
                 with transaction.atomic(using=alias):  # a savepoint: one that fails leaves the others
-                    cursor.execute(_NEXT_ATTEMPT_SQL, [generation["queue_timeout"], sid])
-                    import_string(generation["task"]).enqueue(str(sid), *generation["args"], **generation["kwargs"])
+                    result = import_string(generation["task"]).enqueue(
+                        str(sid), *generation["args"], **generation["kwargs"]
+                    )
+                    epoch = _fence(cursor, sid)
+                    cursor.execute(_NEXT_ATTEMPT_SQL, [generation["queue_timeout"], str(result.id), epoch, sid])
             except DatabaseError:
                 raise  # the look fails, and the next one tries again
             except Exception:  # not importable here (another project's task, say): left to one that can
@@ -260,6 +344,53 @@ def take_over_expired(*, using: str | None = None, limit: int = 100) -> int:
         except StreamError as exc:  # ended meanwhile (by its writer, another process), or deleted
             logger.info("pgstreams: generation %s was not ended here: %s", sid, exc)
     return len(rows)
+
+
+def _fence(cursor: Any, sid: uuid.UUID) -> int:
+    """Take the next producer epoch of a generation whose row the transaction holds: every run
+    before is refused from now on. Returns it."""
+    cursor.execute(_EPOCH_SQL, [sid, PRODUCER])
+    previous = cursor.fetchone()
+    epoch = 0 if previous is None else previous[0] + 1
+    producers.save(cursor, sid, Producer(PRODUCER, epoch, -1))
+    return epoch
+
+
+def give_up(stream_id: Any, result_id: str, *, using: str | None = None) -> bool:
+    """Let the lease of a generation run out now if its current run is the task result
+    ``result_id`` (which has finished): the next look takes it over. True if it did."""
+    with connections[using or conf.database()].cursor() as cursor:
+        cursor.execute(_GIVE_UP_SQL, [stream_uuid(stream_id), str(result_id)])
+        return cursor.rowcount > 0
+
+
+def _task_finished(sender: Any, task_result: Any, **kwargs: Any) -> None:
+    """The Tasks API's ``task_finished``, in the worker that ran the task: a generation's run
+    that ended without ending it gives its lease up, rather than leave the answer waiting for
+    the lease (queue_timeout, before ``take()``) to run out. Any other task is left alone."""
+    args = getattr(task_result, "args", None)
+    if not args or not isinstance(args[0], str):
+        return
+    try:
+        sid = uuid.UUID(args[0])
+    except ValueError:
+        return  # not a generation's task: its first argument is no stream id
+    try:
+        if give_up(sid, task_result.id):
+            logger.warning("pgstreams: the run of generation %s ended without ending it; taken over next", sid)
+    except DatabaseError:  # the look finds it when its lease runs out
+        logger.warning("pgstreams: could not give up the lease of generation %s", sid, exc_info=True)
+
+
+def connect_signals() -> None:
+    """Receive ``task_finished`` from whichever Tasks API is installed (Django's own from 6.0,
+    the django-tasks backport): called once, by the app's ``ready()``."""
+    for module in ("django.tasks.signals", "django_tasks.signals"):
+        try:
+            signals = import_module(module)
+        except ImportError:
+            continue
+        signals.task_finished.connect(_task_finished, dispatch_uid=f"pgstreams-generations-{module}")
 
 
 class _Thread:
@@ -292,6 +423,14 @@ class _Thread:
                 with self._lock:
                     due = [taken for taken, at in self._held.items() if at <= now]
                 for taken in due:
+                    if taken.stalled(now):  # renewed no more: its lease runs out, and it is taken over
+                        logger.warning(
+                            "pgstreams: generation %s made no progress for %s s; its lease is left to run out",
+                            taken.stream_id,
+                            taken.stall,
+                        )
+                        self.release(taken)
+                        continue
                     renewed = self._step(taken.renew, f"renewing the lease of generation {taken.stream_id}")
                     # After a failure, again soon: two renewals missed in a row lose the lease.
                     later = taken.lease / 3 if renewed else min(RETRY, taken.lease / 10)

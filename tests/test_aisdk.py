@@ -25,6 +25,9 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.test import AsyncClient, Client, override_settings
+from hypothesis import HealthCheck, given
+from hypothesis import settings as examples
+from hypothesis import strategies as st
 
 import pgstreams
 from demo_project.chat import llm
@@ -578,3 +581,36 @@ def test_the_vendored_page_is_what_its_source_and_the_pinned_packages_build(tmp_
     for name in ("aisdk-chat.js", "aisdk-chat.LICENSES.txt"):
         fresh, kept = (tmp_path / name).read_bytes(), (vendored / name).read_bytes()
         assert fresh == kept, f"{name} is not what node/aisdk_page.jsx builds: cd node && npm run vendor-aisdk"
+
+
+PROMPTS = st.text(st.characters(exclude_categories=()), max_size=40) | st.sampled_from(["a\x00b", "\ud800", "ok\udfff"])
+
+
+@examples(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(prompt=PROMPTS)
+def test_any_prompt_to_the_demos_chat_endpoints_is_answered_or_refused_with_a_reason_never_a_500(
+    prompt: str, client_of_prompts: Client
+) -> None:
+    """NUL characters and lone surrogates answered 500 (DataError, UnicodeEncodeError) with
+    nothing written; any text is started as an answer or refused with a 400 that says why."""
+    body = {"id": "hostile", "messages": [{"role": "user", "parts": [{"type": "text", "text": prompt}]}]}
+    streams = Stream.objects.count()
+    reply = client_of_prompts.post("/ai/chat", json.dumps(body), content_type="application/json")
+    if reply.status_code == 400:
+        assert reply.content.strip() and Stream.objects.count() == streams
+    else:
+        assert reply.status_code == 200 and Stream.objects.count() == streams + 1
+        reply.close()
+    if not (usable := prompt.encode("utf-8", "surrogatepass").decode("utf-8", "replace")):
+        return
+    page = client_of_prompts.post("/", {"prompt": usable})  # the chat form: a form post is UTF-8
+    assert page.status_code in (200, 302)
+    if page.status_code == 200:
+        assert b'<p class="error">' in page.content  # why it was refused
+
+
+@pytest.fixture
+def client_of_prompts() -> Client:
+    client = Client()
+    client.force_login(get_user_model().objects.get_or_create(username="prompts")[0])
+    return client

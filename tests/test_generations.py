@@ -324,3 +324,185 @@ def test_a_project_made_from_the_howtos_blocks_survives_a_worker_kill(tmp_path) 
     finally:
         pool.stop()
     assert texts(s) == [f"{i} " for i in range(100)] + ["end"]
+
+
+# Bounded stalls (issue 56): what a stalled, failed or hung run may hold, and for how long.
+
+
+def attempt(stream: Stream) -> int:
+    return Stream.objects.get(pk=stream.pk).metadata["pgstreams_generation"]["attempt"]
+
+
+def stop_inside_its_transaction(process, tries: int = 2000) -> None:
+    """SIGSTOP ``process`` until the pause lands while its appender's transaction holds a
+    stream's row (its backend idle in transaction, with an xid): bounded in tries."""
+    from django.db import connection
+
+    name = f"pgstreams appender {process.pid}"
+    with connection.cursor() as cursor:
+        for _ in range(tries):
+            process.send_signal(signal.SIGSTOP)
+            time.sleep(0.002)  # the backend reports what it was left doing
+            cursor.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE application_name = %s"
+                " AND state = 'idle in transaction' AND backend_xid IS NOT NULL",
+                [name],
+            )
+            if cursor.fetchone() is not None:
+                return
+            process.send_signal(signal.SIGCONT)
+            time.sleep(0.001 * (_ % 7))
+    raise AssertionError(f"no pause landed inside an append transaction in {tries} tries")
+
+
+@pytest.mark.parametrize("then", ["taken over", "stopped"])
+def test_a_writer_stopped_inside_its_append_transaction_holds_the_answer_no_longer_than_the_idle_bound(
+    workers: Workers, then: str
+) -> None:
+    """The pause lands between the appender's row lock and its COMMIT: Postgres ends that
+    session after the idle bound (half of QUERY_TIMEOUT), so another worker takes the answer
+    over, or a stop ends it, while the writer is still stopped; it is fenced when continued."""
+    from pgstreams import db
+
+    s = generations.start(count, 2000, 0.001, last="failed", lease=LEASE)
+    until(lambda: len(texts(s)) >= 10)
+    victim = workers.running(s)
+    stop_inside_its_transaction(victim)
+    stopped_at, before = time.monotonic(), len(texts(s))
+    try:
+        if then == "stopped":
+            offset = pgstreams.append(s.id, "stopped", close=True)  # failed after QUERY_TIMEOUT, held
+            took = time.monotonic() - stopped_at
+            assert texts(s)[offset] == "stopped"
+        else:
+            took = until(lambda: len(texts(s)) > before + 5, timeout=4 * (LEASE + db.idle_bound() + 2))
+    finally:
+        victim.send_signal(signal.SIGCONT)
+    print(f"writer stopped in its transaction; {then} {took:.2f} s later (idle bound {db.idle_bound()} s)")
+    until(lambda: closed(s))
+    written = texts(s)
+    if then == "stopped":
+        assert written == [f"{i} " for i in range(len(written) - 1)] + ["stopped"]
+    else:
+        assert written == [f"{i} " for i in range(2000)] + ["end"]
+
+
+@pytest.mark.parametrize("where", ["before", "inside"])
+def test_a_run_that_fails_before_or_inside_its_take_is_taken_over_at_once(workers: Workers, where: str) -> None:
+    """Its task fails (a stale connection, say) without ending the generation: the worker's
+    task_finished gives the lease up, and the next look takes it over; it does not wait out
+    queue_timeout (600 s) or the lease."""
+    s = generations.start(count, N, DELAY, fail_first=where, last="failed", lease=30.0)
+    took = until(lambda: attempt(s) == 2, timeout=20)
+    until(lambda: closed(s))
+    assert texts(s) == WHOLE
+    print(f"a run that failed {where} its take: taken over {took:.2f} s after the start (lease 30 s)")
+
+
+def test_a_run_taken_over_while_stopped_renews_nothing_and_writes_nothing_when_continued(workers: Workers) -> None:
+    """Attempt 2 of 2 waits for a worker (the other is busy); the stopped writer of attempt 1
+    is continued, then killed: its lease thread must not cut attempt 2's wait short (which would
+    end the answer with its last chunk though attempt 2 never ran), nor may it write."""
+    from demo_project.workers import start_worker
+    from tests.helpers import running_worker, subprocess_database_url
+
+    busy = generations.start(count, 150, DELAY, last="failed", lease=LEASE)  # worker-0 or worker-1
+    until(lambda: len(texts(busy)) >= 1)
+    env = {"DATABASE_URL": subprocess_database_url(), "DJANGO_SETTINGS_MODULE": "demo_project.settings"}
+    for name, process in list(workers.processes.items()):  # the free one leaves; one that runs a task once comes
+        if name != running_worker(busy.id):
+            process.kill()
+            process.wait(10)
+            workers.processes[name] = start_worker(name, interval=0.05, env=env, max_tasks=1)
+    s = generations.start(count, N, DELAY, last="failed", lease=LEASE, attempts=2)
+    until(lambda: len(texts(s)) >= 5)
+    writer = workers.running(s)
+    writer.send_signal(signal.SIGSTOP)
+    until(lambda: attempt(s) == 2)  # taken over; attempt 2 waits for a free worker
+    at = len(texts(s))
+    writer.send_signal(signal.SIGCONT)
+    time.sleep(0.5)  # its lease thread and its run wake
+    writer.kill()
+    time.sleep(4 * LEASE)
+    assert not closed(s) and attempt(s) == 2 and len(texts(s)) == at  # still waiting, nothing written
+    until(lambda: closed(busy), timeout=60)
+    until(lambda: closed(s), timeout=60)  # the busy worker, free now, runs attempt 2
+    assert texts(s) == WHOLE
+
+
+def test_a_run_that_hangs_in_its_model_call_is_taken_over_after_its_stall_time(workers: Workers) -> None:
+    """The process is alive (its lease thread would renew forever), but the run wrote nothing
+    for ``stall`` seconds: its lease runs out, another worker takes over, the hung run is
+    fenced."""
+    s = generations.start(count, N, DELAY, hang_at=5, last="failed", lease=LEASE, stall=1.0)
+    took = until(lambda: attempt(s) == 2, timeout=20)
+    until(lambda: closed(s))
+    assert texts(s) == WHOLE
+    print(f"a run hung after 5 chunks: taken over {took:.2f} s after the start (stall 1 s, lease {LEASE} s)")
+
+
+@pytest.mark.parametrize("bad", ["a\x00b", "a\ud800b", {"k\x00": 1}, float("nan")])
+def test_arguments_postgres_cannot_store_are_refused_and_nothing_is_made(bad) -> None:
+    from django_tasks_db.models import DBTaskResult
+
+    before = (Stream.objects.count(), DBTaskResult.objects.count())
+    with pytest.raises(ValueError, match="task arguments"):
+        generations.start(count, N, DELAY, bad, last="failed")
+    assert (Stream.objects.count(), DBTaskResult.objects.count()) == before
+    generations.stop_thread()
+
+
+def test_a_write_refused_before_it_is_stored_leaves_the_next_write_in_sequence() -> None:
+    """A refused write (InvalidChunk) takes no producer seq: the next write is stored, not a
+    ProducerGap."""
+    try:
+        s = generations.start(count, N, DELAY, last="failed", queue_timeout=60)
+        with generations.take(s.id) as taken:
+            taken.write("0 ")
+            with pytest.raises(pgstreams.InvalidChunk):
+                taken.write("a\x00b")
+            taken.write("1 ")
+            taken.close("end")
+        assert texts(s) == ["0 ", "1 ", "end"]
+    finally:
+        generations.stop_thread()
+
+
+def kinds(stream: Stream) -> list[str]:
+    return [json.loads(chunk)["type"] for chunk in texts(stream)]
+
+
+def test_a_run_that_takes_an_answer_over_after_its_text_ended_finishes_it_without_a_second_text_part() -> None:
+    """Run 1 ended its text part and was lost before finish-step: run 2 writes finish-step and
+    finish, not an empty second text part."""
+    try:
+        s = aisdk.start_generation(answer, N, DELAY, queue_timeout=60)
+        with generations.take(s.id) as first:
+            for chunk in (
+                aisdk.part("start", messageId=aisdk.message_id(s.id)),
+                aisdk.part("start-step"),
+                aisdk.part("text-start", id="text-1"),
+                aisdk.part("text-delta", id="text-1", delta="all of it"),
+                aisdk.part("text-end", id="text-1"),
+            ):
+                first.write(chunk)
+        assert aisdk.generate(s.id, lambda text: iter(["more"])) == "finish"
+        assert kinds(s) == ["start", "start-step", "text-start", "text-delta", "text-end", "finish-step", "finish"]
+    finally:
+        generations.stop_thread()
+
+
+def test_a_source_that_fails_ends_the_answer_with_its_error_in_the_same_append() -> None:
+    """No takeover can come between the failure and the error part (it used to come after a
+    text-end and a finish-step, and a run that took over then ended the answer with finish)."""
+
+    def failing(text: str):
+        yield "a few words"
+        raise RuntimeError("the model failed")
+
+    try:
+        s = aisdk.start_generation(answer, N, DELAY, queue_timeout=60)
+        assert aisdk.generate(s.id, failing) == "error"
+        assert kinds(s) == ["start", "start-step", "text-start", "text-delta", "error"] and closed(s)
+    finally:
+        generations.stop_thread()

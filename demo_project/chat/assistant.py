@@ -22,12 +22,12 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from pgstreams import aisdk, leases
+from pgstreams import StreamError, aisdk, leases
 from pgstreams.models import Chunk
 
 from . import tasks
 from .models import Conversation
-from .views import LEASE, MAX_PROMPT
+from .views import LEASE, MAX_PROMPT, unstorable
 
 CHAT_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
@@ -105,7 +105,11 @@ async def stop(request: HttpRequest, chat_id: str) -> JsonResponse:
     given = _json(request).get("messageId")
     if turn is None or (given is not None and given != aisdk.message_id(turn.stream_id)):
         return JsonResponse({"stopped": False})
-    return JsonResponse({"stopped": await aisdk.astop(turn.stream_id, reason="stopped by the user")})
+    try:
+        stopped = await aisdk.astop(turn.stream_id, reason="stopped by the user")
+    except StreamError as exc:  # not known to be stopped (a failover, say): the client may try again
+        return JsonResponse({"stopped": False, "error": f"the answer could not be stopped now: {exc}"}, status=503)
+    return JsonResponse({"stopped": stopped})
 
 
 async def _start(request: HttpRequest) -> Conversation | HttpResponse:
@@ -122,6 +126,8 @@ async def _start(request: HttpRequest) -> Conversation | HttpResponse:
         return _refused("the last message must be the user's, with text")
     if len(prompt) > MAX_PROMPT:
         return _refused(f"prompts are at most {MAX_PROMPT} characters")
+    if problem := unstorable(prompt):
+        return _refused(f"the prompt {problem}")
     return await sync_to_async(_new_turn)(await request.auser(), chat_id, prompt)
 
 

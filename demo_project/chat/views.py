@@ -25,6 +25,19 @@ MAX_PROMPT = 2000
 LEASE = 3.0
 
 
+def unstorable(text: str) -> str | None:
+    """What keeps Postgres from storing ``text``, if anything: a NUL character (which no text
+    column holds, as Django's forms say too) or a lone surrogate (no UTF-8)."""
+    if "\x00" in text:
+        return "holds a NUL character, which cannot be stored; remove it"
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            return "holds a lone surrogate, which is not text; remove it"
+    return None
+
+
 @login_required
 @require_http_methods(["GET", "POST"])
 def index(request: HttpRequest) -> HttpResponse:
@@ -35,6 +48,8 @@ def index(request: HttpRequest) -> HttpResponse:
             error = "Type a prompt first."
         elif len(prompt) > MAX_PROMPT:
             error = f"Prompts are at most {MAX_PROMPT} characters."
+        elif problem := unstorable(prompt):
+            error = f"The prompt {problem}."
         else:
             with transaction.atomic():
                 # The answer's stream and the task that writes it; a path too: the official
