@@ -1,6 +1,8 @@
 """The appender: one named daemon thread per process and database alias that commits the append
-path's items (``append``'s calls and stream writers' chunks, the Durable Streams endpoint's
-appends and creates) in batches across streams and callers, and hands each caller its result.
+path's items (``append``'s calls, stream writers' chunks and closes, the Durable Streams
+endpoint's appends and creates) in batches across streams and callers, and hands each caller its
+result. An item accepted by ``submit()`` is always settled: the thread ends only once it is
+stopped with nothing queued, decided under the lock ``submit()`` and ``stop()`` take.
 
 An append is not part of the caller's transaction. It waits in the appender's queue with the
 appends of every thread and event loop of the process; the appender commits them together on a
@@ -70,7 +72,7 @@ class Appender:
         self.alias = alias
         self._queue: collections.deque[Item] = collections.deque()
         self._wake = threading.Event()
-        self._lock = threading.Lock()  # guards _stopped against submit(), the thread's start, Sends.taken
+        self._lock = threading.Lock()  # guards _stopped against submit(), the thread's start and end, Sends.taken
         self._stopped = False
         self._thread: threading.Thread | None = None
         self._conn: psycopg.Connection[Any] | None = None
@@ -115,8 +117,9 @@ class Appender:
         last = 0.0
         while True:
             if not self._queue and not self._deferred:
-                if self._stopped:
-                    break
+                with self._lock:  # as submit() and stop() hold it: no item can come in between
+                    if self._stopped and not self._queue:
+                        break
                 self._wake.wait()
                 self._wake.clear()
                 continue
@@ -267,8 +270,9 @@ class Appender:
             self._after_failure(conn)
             if outcome.xid is None:
                 raise _NotCommitted() from exc  # it wrote nothing: sending it again is harmless
+            left = resolution.traces(batch, outcome)
             committed = resolution.committed(
-                self._connection, self._close, outcome.xid, outcome.pid, outcome.places, exc
+                self._connection, self._close, outcome.xid, outcome.pid, outcome.places, exc, left
             )
             if committed is None:
                 unknown = f"the connection failed while committing an append batch (transaction {outcome.xid}): {exc}"

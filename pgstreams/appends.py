@@ -1,25 +1,31 @@
 """The append path's Python API: ``append``, ``aappend`` and ``stream_writer``. Each checks its
 chunk and hands the process's appender (``appender``) an item, ``Append`` for a call and
-``Sends`` for a stream writer's chunks, gathered while they wait; the appender commits them in
-batches and settles them. Here: how a caller waits (a thread's future, an event loop's future,
-or a writer's count of chunks settled, with at most WRITER_IN_FLIGHT in flight) and what it
-raises. No SQL and no thread of its own."""
+``Sends`` for a stream writer's chunks, gathered while they wait, and a writer's close queued
+behind its chunks (``_Close``); the appender commits them in batches and settles them. Here: how
+a caller waits (a thread's future, an event loop's future, or a writer's count of chunks
+settled, with at most WRITER_IN_FLIGHT in flight), what it raises, and what a writer whose task
+is cancelled leaves (its chunks and its close commit all the same, a failure is logged). No SQL
+and no thread of its own."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final
 
 from . import conf, producers, writer
 from .appender import Appender, appender
-from .batch import Append, Chain, Sends
-from .exceptions import StreamClosed
+from .batch import Accepted, Append, Chain, Item, Row, Sends
+from .exceptions import StreamClosed, StreamError, StreamNotFound
 from .types import Producer, stream_uuid
 
 # Chunks a stream writer may have sent and not yet seen committed before send() waits.
 WRITER_IN_FLIGHT: Final = 1000
+
+logger = logging.getLogger("pgstreams.appender")
 
 
 def _prepare(stream_id: Any, data: str, producer: Producer | None, using: str | None) -> tuple[Any, ...]:
@@ -69,6 +75,26 @@ async def aappend(
     return await target.asubmit(Append(sid, loop.create_future(), loop, producer=checked, data=data, closing=close))
 
 
+@dataclass(slots=True, eq=False)
+class _Close(Item):
+    """A stream writer's close (``close=True``), queued behind the chunks it sent: it commits in
+    their batch or a later one, never ahead of them. Its result: the stream's chunk count."""
+
+    @property
+    def size(self) -> int:
+        return 0  # it writes no chunk
+
+    def judge(self, row: Row | None, producer_state: tuple[int, int] | None) -> Accepted | BaseException:
+        if row is None or row.gone:
+            return StreamNotFound(f"no stream {self.stream_id}")
+        if row.closed:
+            return StreamClosed(f"stream {self.stream_id} is already closed")
+        return Accepted([], closing=True)
+
+    def result(self, row: Row, first: int | None, accepted: Accepted) -> int:
+        return accepted.next_offset
+
+
 class _Sent(Chain):
     """A stream writer's chunks in flight, counted on its event loop as their results come."""
 
@@ -87,12 +113,19 @@ class _Sent(Chain):
                     waiter.set_result(None)
             self._waiters = [(until, waiter) for until, waiter in self._waiters if not waiter.done()]
 
+    def when(self, done: int) -> asyncio.Future[None]:
+        """A future done once ``done`` chunks have their results."""
+        waiter = asyncio.get_running_loop().create_future()
+        if self.done < done:
+            self._waiters.append((done, waiter))
+        else:
+            waiter.set_result(None)
+        return waiter
+
     async def wait(self, done: int) -> None:
         """Until ``done`` chunks have their results."""
         if self.done < done:
-            waiter = asyncio.get_running_loop().create_future()
-            self._waiters.append((done, waiter))
-            await waiter
+            await self.when(done)
 
 
 class StreamWriter:
@@ -140,15 +173,66 @@ class StreamWriter:
     async def __aexit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        # The close is queued now, before any await, behind every chunk sent: nothing that
+        # happens to this task from here (a cancel at any await) can make it commit ahead of them.
+        closing = self._queue_close() if self._close else None
+        if exc is not None and not isinstance(exc, Exception):
+            # Cancelled (or interrupted) in the block: let that go on at once. The chunks and
+            # the close commit all the same; a failure of theirs is logged, nobody waits for it.
+            self._report_later(closing)
+            return
         try:
-            await self.flush()
-        finally:
-            if self._close:
-                try:
-                    await writer.aclose(self.stream_id, using=self._alias)
-                except StreamClosed:
-                    if exc is None and self._chain.failure is None:
-                        raise
+            await self._chain.wait(self.sent)
+            if closing is not None:
+                await asyncio.wait([closing])  # not cancelled with this task: _report_later reads it
+        except asyncio.CancelledError:
+            self._report_later(closing)
+            raise
+        if self._chain.failure is not None:
+            raise self._chain.failure
+        if closing is not None and (failure := closing.exception()) is not None:
+            if not isinstance(failure, StreamClosed) or exc is None:
+                raise failure
+
+    def _queue_close(self) -> asyncio.Future[int]:
+        """Submit the stream's close behind the chunks sent (in the appender that has them), and
+        return the future of its result: the stream's chunk count."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[int] = loop.create_future()
+        item = _Close(self.stream_id, future, loop)
+        into, chain = self._into, self._chain
+        if into is not None and chain.done < self.sent:
+            try:
+                into.submit(item)  # behind them in its queue: committed with them or after
+            except StreamError:  # stopped since: it settles them all the same, then the close goes
+                chain.when(self.sent).add_done_callback(lambda _: self._submit_close(item, future))
+        else:
+            self._submit_close(item, future)
+        return future
+
+    def _submit_close(self, item: _Close, future: asyncio.Future[int]) -> None:
+        try:
+            appender(self._alias).submit(item)
+        except StreamError as exc:  # the process's appender was stopped: say so at the exit
+            if not future.done():
+                future.set_exception(exc)
+
+    def _report_later(self, closing: asyncio.Future[int] | None) -> None:
+        """Log, once it is known, why a chunk sent or the close failed: the caller has gone."""
+        chain, sid = self._chain, self.stream_id
+
+        def chunks_settled(_: asyncio.Future[None]) -> None:
+            if chain.failure is not None:
+                logger.warning("pgstreams: stream %s: a chunk its cancelled writer sent failed: %s", sid, chain.failure)
+
+        def closed(future: asyncio.Future[int]) -> None:
+            failure = None if future.cancelled() else future.exception()
+            if failure is not None and chain.failure is None and not isinstance(failure, StreamClosed):
+                logger.warning("pgstreams: stream %s: its cancelled writer could not close it: %s", sid, failure)
+
+        chain.when(self.sent).add_done_callback(chunks_settled)
+        if closing is not None:
+            closing.add_done_callback(closed)
 
 
 def stream_writer(stream_id: Any, *, close: bool = False, using: str | None = None) -> StreamWriter:
@@ -156,7 +240,12 @@ def stream_writer(stream_id: Any, *, close: bool = False, using: str | None = No
 
     ``send()`` queues without waiting for the commit (through the append path, so not part of
     any transaction); leaving the block waits for every chunk sent and raises the first error.
-    With ``close=True`` the stream is closed on the way out, also when the block raises, so its
-    readers are not left waiting.
+    With ``close=True`` the stream is closed on the way out, after every chunk sent (in the
+    batch of the last ones or a later one, never ahead of them), also when the block raises, so
+    its readers are not left waiting.
+
+    A task cancelled in the block, or while its exit waits (as an ASGI server cancels a request
+    whose client went away), ends cancelled at once; what it sent still commits, in order, then
+    the close, and a failure of theirs, which nobody is left to raise it to, is logged.
     """
     return StreamWriter(stream_id, close=close, using=using)

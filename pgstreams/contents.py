@@ -4,7 +4,8 @@ path) store in it, and the per-process memory of it.
 A ``text/*`` stream takes any text; an ``application/json`` stream one JSON value per chunk (a
 Durable Streams reader gets each chunk as one message); a stream of any other type holds bytes,
 which only the Durable Streams endpoint writes. A stream's content type never changes, so each
-process asks the database about a stream once (``Kinds``). Reads nothing else and writes nothing.
+process asks the database about a stream once (``Kinds``). Also what no text or JSON column can
+store (``unstorable``). Reads nothing else and writes nothing.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import math
 import threading
 import uuid
 from collections.abc import Iterable
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from .exceptions import InvalidChunk
 from .models import is_text, media_type
@@ -68,6 +69,29 @@ def check_fits(kind: Kind, data: str, stream_id: uuid.UUID) -> None:
             f"stream {stream_id} is application/json and a chunk is one JSON value, which {data[:40]!r} is not "
             f"({exc}); write each value as its own chunk (json.dumps it)"
         ) from None
+
+
+def unstorable(value: Any) -> str | None:
+    """What in ``value`` (text, or JSON made of dicts, lists and scalars) Postgres cannot store,
+    if anything: "a NUL character" (no text or jsonb holds one) or "a lone surrogate" (no UTF-8
+    does)."""
+    pending = [value]
+    while pending:  # bounded by the value's size
+        item = pending.pop()
+        if isinstance(item, dict):
+            pending.extend(item)
+            pending.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            pending.extend(item)
+        elif isinstance(item, str):
+            if "\x00" in item:
+                return "a NUL character"
+            if not item.isascii():
+                try:
+                    item.encode()
+                except UnicodeEncodeError:
+                    return "a lone surrogate"
+    return None
 
 
 class Kinds:

@@ -172,32 +172,13 @@ def start(
 
 
 def _check_storable(value: Any) -> None:
-    """Raise ValueError if ``value`` is not JSON that Postgres can store: jsonb refuses a NUL
-    character, and no UTF-8 holds a lone surrogate."""
+    """Raise ValueError if ``value`` is not JSON that Postgres can store."""
     try:
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
         raise ValueError(f"a generation's task arguments must be JSON ({exc})") from None
-    pending = [value]
-    while pending:  # bounded by the value's size
-        item = pending.pop()
-        if isinstance(item, dict):
-            pending.extend(item)
-            pending.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            pending.extend(item)
-        elif isinstance(item, str):
-            if "\x00" in item:
-                raise ValueError(
-                    "a generation's task arguments hold a NUL character, which Postgres cannot store; remove it"
-                )
-            if not item.isascii():
-                try:
-                    item.encode()
-                except UnicodeEncodeError:
-                    raise ValueError(
-                        "a generation's task arguments hold a lone surrogate, which is not text; remove it"
-                    ) from None
+    if (problem := contents.unstorable(value)) is not None:
+        raise ValueError(f"a generation's task arguments hold {problem}, which Postgres cannot store; remove it")
 
 
 def take(stream_id: Any, *, using: str | None = None) -> Taken:

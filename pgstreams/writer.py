@@ -4,7 +4,8 @@ Each call is one statement on Django's connection for the alias, so it joins the
 transaction (the first write of a process to a stream asks for its content type first:
 ``contents``). After commit (``transaction.on_commit``) the stream's new high-water mark goes to
 this process's notification buffer and wakes this process's readers; nothing is announced for a
-transaction that rolls back. Never reads chunks and never waits for a flush.
+transaction that rolls back. A stream deleted or past its Durable Streams expiry is no stream
+here, as on the append path. Never reads chunks and never waits for a flush.
 """
 
 from __future__ import annotations
@@ -16,19 +17,21 @@ import psycopg
 from django.db import connections, transaction
 
 from . import conf, contents, listener, metrics, notify, producers, signals, threads
+from .batch import EXPIRY_PASSED
 from .exceptions import ChunkTooLarge, InvalidChunk, StreamClosed, StreamNotFound
 from .models import Stream, is_text, path_problem
 from .types import Mark, Producer, stream_uuid
 
 # The stream row's counter is taken and the chunk inserted in one statement. The UPDATE's row
 # lock serialises the writers of one stream until commit, so per stream commit order is offset
-# order and a rolled-back write leaves no gap. No row from the UPDATE: unknown or closed stream.
-# {level}, {from_level} and {notify} are filled in by _statement() from the constants below;
-# {used_at} counts the write as use of a stream with a Durable Streams TTL.
+# order and a rolled-back write leaves no gap. No row from the UPDATE: unknown, closed or expired
+# stream. {level}, {from_level} and {notify} are filled in by _statement() from the constants
+# below; {used_at} counts the write as use of a stream with a Durable Streams TTL, {expired} is
+# true once its expiry has passed (then, as for append() and the endpoint, there is no stream).
 _WRITE_SQL = """
 WITH {level}s AS (
     UPDATE pgstreams_stream SET next_offset = next_offset + 1, used_at = {used_at} {from_level}
-    WHERE id = %(id)s AND closed_at IS NULL
+    WHERE id = %(id)s AND closed_at IS NULL AND NOT {expired}
     RETURNING next_offset - 1 AS off
 )
 INSERT INTO pgstreams_chunk (stream_id, "offset", data, created_at)
@@ -39,7 +42,7 @@ RETURNING "offset"{notify}
 _WRITE_MANY_SQL = """
 WITH {level}s AS (
     UPDATE pgstreams_stream SET next_offset = next_offset + %(n)s, used_at = {used_at} {from_level}
-    WHERE id = %(id)s AND closed_at IS NULL
+    WHERE id = %(id)s AND closed_at IS NULL AND NOT {expired}
     RETURNING next_offset - %(n)s AS base
 )
 INSERT INTO pgstreams_chunk (stream_id, "offset", data, created_at)
@@ -51,7 +54,7 @@ RETURNING "offset"{notify}
 _CLOSE_SQL = """
 WITH {level}c AS (
     UPDATE pgstreams_stream SET closed_at = now(), used_at = {used_at} {from_level}
-    WHERE id = %(id)s AND closed_at IS NULL
+    WHERE id = %(id)s AND closed_at IS NULL AND NOT {expired}
     RETURNING next_offset
 )
 SELECT next_offset{notify} FROM c
@@ -85,6 +88,11 @@ _TEMPLATES = {
 # The database's clock at the statement, not the transaction's start (now()): a long transaction's
 # writes must not stamp a time its own commit has already outlived.
 _USED_AT = "CASE WHEN ttl IS NULL THEN used_at ELSE clock_timestamp() END"
+_EXPIRED = f"coalesce({EXPIRY_PASSED}, false)"
+# A stream deleted (a tombstone, closed too) or expired: for a writer, as for append(), no stream.
+_GONE = f"(deleted_at IS NOT NULL OR {_EXPIRED})"
+# Why a write found no row to write: no stream, one gone, or one closed.
+_WHY_NOT_SQL = f"SELECT closed_at, {_GONE} FROM pgstreams_stream WHERE id = %s"
 
 
 @cache
@@ -92,6 +100,7 @@ def _statement(kind: str, per_write: bool, with_level: bool) -> str:
     template, notify_sql = _TEMPLATES[kind]
     return template.format(
         used_at=_USED_AT,
+        expired=_EXPIRED,
         level=_LEVEL_CTE if with_level else "",
         from_level="FROM level" if with_level else "",
         notify=notify_sql if per_write else "",
@@ -152,10 +161,12 @@ def _execute(kind: str, alias: str, mode: str, level: str | None, params: dict[s
         cursor.execute(sql, params)
         rows = cursor.fetchall()
         if not rows:
-            cursor.execute("SELECT closed_at FROM pgstreams_stream WHERE id = %s", [params["id"]])
+            cursor.execute(_WHY_NOT_SQL, [params["id"]])
             found = cursor.fetchone()
             if found is None:
                 raise StreamNotFound(f"no stream {params['id']} in database {alias!r}")
+            if found[1]:
+                raise StreamNotFound(f"no stream {params['id']} in database {alias!r}: it was deleted or expired")
             closed_at = found[0].isoformat()
             if kind == "close":
                 raise StreamClosed(f"stream {params['id']} is already closed (since {closed_at})")
@@ -252,12 +263,17 @@ def create_stream(
         using: database alias; defaults to ``PGSTREAMS['DATABASE']``.
 
     Raises:
-        ValueError: a bad label, path or content type; IntegrityError: the path is taken.
+        ValueError: a bad label, path or content type, or text Postgres cannot store (a NUL
+            character, a lone surrogate) in the label, path or metadata; IntegrityError: the path is
+            taken.
     """
     if not isinstance(label, str) or len(label) > 200:
         raise ValueError("label must be a str of at most 200 characters")
     if metadata is not None and not isinstance(metadata, dict):
         raise TypeError(f"metadata must be a dict, not {type(metadata).__name__}")
+    for name, value in (("label", label), ("path", path), ("metadata", metadata)):
+        if (problem := contents.unstorable(value)) is not None:
+            raise ValueError(f"the {name} holds {problem}, which Postgres cannot store; remove it")
     if path is not None and (problem := path_problem(path)) is not None:
         raise ValueError(problem)
     if not is_text(content_type) or len(content_type) > 255:
@@ -302,10 +318,11 @@ def write(
             any pgstreams write in the transaction asked for.
 
     Raises:
-        StreamNotFound, StreamClosed, ChunkTooLarge; InvalidChunk (also for a chunk the stream's
-        content type cannot hold: not one JSON value in an ``application/json`` stream, any text
-        in a stream of bytes); ProducerFenced, ProducerGap; TypeError for non-str data;
-        ValueError for an unknown synchronous_commit or a bad producer.
+        StreamNotFound (also for a stream deleted or past its expiry), StreamClosed,
+        ChunkTooLarge; InvalidChunk (also for a chunk the stream's content type cannot hold: not
+        one JSON value in an ``application/json`` stream, any text in a stream of bytes);
+        ProducerFenced, ProducerGap; TypeError for non-str data; ValueError for an unknown
+        synchronous_commit or a bad producer.
     """
     sid = stream_uuid(stream_id)
     check_chunk(data, conf.max_chunk_bytes())
@@ -364,8 +381,9 @@ def _execute_once(
         return _execute(kind, alias, mode, level, params)
     producer = producers.checked(producer)
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-        cursor.execute("SELECT 1 FROM pgstreams_stream WHERE id = %s FOR NO KEY UPDATE", [params["id"]])
-        if cursor.fetchone() is None:
+        cursor.execute(f"SELECT {_GONE} FROM pgstreams_stream WHERE id = %s FOR NO KEY UPDATE", [params["id"]])
+        found = cursor.fetchone()
+        if found is None or found[0]:  # judged before the producer's batch, as the append path does
             raise StreamNotFound(f"no stream {params['id']} in database {alias!r}")
         if producers.check(cursor, params["id"], producer) is not None:
             return None
@@ -377,8 +395,9 @@ def _execute_once(
 def close(stream_id: Any, *, using: str | None = None, synchronous_commit: str | None = None) -> int:
     """Close a stream: it takes no more writes, and its readers end once they have read it all.
 
-    Returns the number of chunks it holds. Raises StreamNotFound, or StreamClosed if it was
-    already closed. ``synchronous_commit`` as for ``write()``.
+    Returns the number of chunks it holds. Raises StreamNotFound (also for a stream deleted or
+    past its expiry), or StreamClosed if it was already closed. ``synchronous_commit`` as for
+    ``write()``.
     """
     sid = stream_uuid(stream_id)
     level = _level(synchronous_commit)

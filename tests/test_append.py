@@ -646,3 +646,136 @@ def test_once_a_stream_writers_chunk_fails_its_later_chunks_fail_unsent() -> Non
             cursor.execute("ALTER TABLE pgstreams_chunk DROP CONSTRAINT test_no_poison")
     assert "test_no_poison" in str(raised.value)
     assert stored(s) == [(0, "a"), (1, "b")]
+
+
+class _StopRacingAppender(appender.Appender):
+    """An appender whose thread, the next time it finds its queue empty and asks whether it was
+    stopped (once ``armed``), lets a submit() and a stop() from other threads go first, unless
+    it asks holding the lock that keeps them out: the window between the two checks, widened."""
+
+    def __init__(self, alias: str) -> None:
+        self.armed = False
+        self.asking = threading.Event()  # its thread asks whether it was stopped
+        self.go_on = threading.Event()
+        self.stop_asked = threading.Event()
+        super().__init__(alias)
+
+    @property  # type: ignore[override]
+    def _stopped(self) -> bool:
+        if self.armed and threading.current_thread() is self._thread:
+            self.armed = False
+            self.asking.set()
+            if not self._lock.locked():  # nothing keeps submit() and stop() out: let them in
+                self.go_on.wait(30)
+        return self.__dict__["stopped"]
+
+    @_stopped.setter
+    def _stopped(self, value: bool) -> None:
+        self.__dict__["stopped"] = value
+        if value:
+            self.stop_asked.set()
+
+
+def test_an_append_submitted_as_the_appender_stops_is_committed_not_left_waiting() -> None:
+    """submit() between the thread's look at its empty queue and its look at whether it was
+    stopped, then stop(): the append is committed (or refused, saying the appender stopped),
+    never left with a future nobody resolves."""
+    s = pgstreams.create_stream()
+    racing = _StopRacingAppender(conf.database())
+    first: concurrent.futures.Future[int | None] = concurrent.futures.Future()
+    racing.submit(batches.Append(s.id, first, data="a"))
+    assert first.result(10) == 0
+    racing.armed = True
+    racing._wake.set()  # it looks at its (empty) queue again
+    assert racing.asking.wait(10)
+    second: concurrent.futures.Future[int | None] = concurrent.futures.Future()
+    try:
+        racing.submit(batches.Append(s.id, second, data="b"))
+    except pgstreams.StreamError as exc:
+        second.set_exception(exc)
+    stopping = threading.Thread(target=racing.stop, name="test-appender-stop")
+    stopping.start()
+    assert racing.stop_asked.wait(10)
+    racing.go_on.set()
+    stopping.join(30)
+    try:
+        result: object = second.result(10)  # bounded: a future nobody resolves would wait forever
+    except concurrent.futures.TimeoutError:
+        result = "never resolved"
+    except pgstreams.StreamError as exc:
+        result = exc
+    assert result == 1 or (isinstance(result, pgstreams.StreamError) and "stopped" in str(result)), result
+    assert stored(s) == ([(0, "a"), (1, "b")] if result == 1 else [(0, "a")])
+
+
+def _chunkless_batch(kind: str, sid: uuid.UUID) -> list[batches.Item]:
+    """A batch that writes no chunk: a stream writer's close, a Durable Streams append of no
+    body that records its producer's batch, or a plain create."""
+    from pgstreams.durable import appends as durable_appends
+
+    if kind == "close":
+        return [appends._Close(sid, concurrent.futures.Future())]
+    if kind == "producer":
+        producer = pgstreams.Producer("p", 0, 0)
+        return [durable_appends.DurableAppend(sid, concurrent.futures.Future(), producer=producer, path="x")]
+    stream = creates._new(None, f"chunkless/{sid}", "text/plain", None, None)
+    return [creates._Insert(stream.id, concurrent.futures.Future(), values=creates._values(stream, "default"))]
+
+
+@pytest.mark.parametrize("kind", ["close", "producer", "create"])
+def test_a_batch_that_wrote_no_chunk_is_judged_by_its_rows_not_by_a_reused_transaction_id(kind: str) -> None:
+    """A batch that wrote no chunk was judged from pg_xact_status alone. After a failover to a
+    standby that never saw its commit, the new primary gives its transaction id again, maybe to
+    a transaction that commits. Here the batch rolls back and a committed transaction's id
+    stands in for the reused one: the batch is found not committed, by what it would have left
+    (the stream still open, the producer's state behind, no stream made); committed, it is found
+    committed by the same rows."""
+    sid = pgstreams.create_stream().id
+    target = appender.appender(conf.database())
+    lost = RuntimeError("lost")
+    with psycopg.connect(**db.connect_kwargs(conf.database(), "test")) as other:
+        for outcome in ("ROLLBACK", "COMMIT"):
+            items = _chunkless_batch(kind, sid)
+            other.execute("BEGIN")
+            batch = batches.run(other, items, None, False)
+            other.execute(outcome)
+            assert batch.xid is not None and not batch.places and not isinstance(batch.results[0], BaseException)
+            xid = batch.xid
+            if outcome == "ROLLBACK":
+                with other.transaction():  # another transaction, committed: as one given the same id
+                    (xid,) = other.execute("SELECT pg_current_xact_id()::text").fetchone()
+            traces = resolution.traces(items, batch)
+            found = resolution.committed(target._connection, target._close, xid, batch.pid, [], lost, traces)
+            assert found is (outcome == "COMMIT"), outcome
+
+
+@pytest.mark.parametrize("kind", ["close", "producer", "create", "close, then a producer's close again"])
+def test_a_committed_batch_that_wrote_no_chunk_is_found_committed_after_its_rows_were_written_again(
+    kind: str,
+) -> None:
+    """The batch commits, then other transactions write its rows again (its stream's, its
+    producer's), so no row names it as its writer any more: nothing it left says it did not
+    commit (a producer's close of a stream the batch closed records no state, and is not taken
+    for one behind), so its transaction's status tells: committed."""
+    from pgstreams.durable import appends as durable_appends
+
+    sid = pgstreams.create_stream().id
+    if kind == "close, then a producer's close again":
+        again = durable_appends.DurableAppend(
+            sid, concurrent.futures.Future(), producer=pgstreams.Producer("p", 0, 0), path="x", closing=True
+        )
+        items: list[batches.Item] = [appends._Close(sid, concurrent.futures.Future()), again]
+    else:
+        items = _chunkless_batch(kind, sid)
+    target = appender.appender(conf.database())
+    with psycopg.connect(**db.connect_kwargs(conf.database(), "test")) as other:
+        other.execute("BEGIN")
+        batch = batches.run(other, items, None, False)
+        other.execute("COMMIT")
+        assert not any(isinstance(result, BaseException) for result in batch.results), batch.results
+        with other.transaction():
+            other.execute("UPDATE pgstreams_stream SET label = 'written again' WHERE id = %s", [sid])
+            other.execute("UPDATE pgstreams_producer SET seq = seq WHERE stream_id = %s", [sid])
+        traces = resolution.traces(items, batch)
+        lost = RuntimeError("lost")
+        assert resolution.committed(target._connection, target._close, batch.xid, batch.pid, [], lost, traces) is True

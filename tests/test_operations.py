@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import transaction
 from django.utils import timezone
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 import pgstreams
 from pgstreams import maintenance
@@ -206,3 +211,112 @@ def test_stream_closed_is_sent_after_commit_only() -> None:
         assert received == [(Stream, s.id, 1, "default")]
     finally:
         stream_closed.disconnect(receiver)
+
+
+def test_tail_of_a_stream_whose_first_chunks_were_pruned_says_where_to_resume() -> None:
+    """It printed a ChunksPruned traceback: now a CommandError naming the first offset still
+    held and the --from that reads from there, which then prints the rest."""
+    s = pgstreams.create_stream()
+    pgstreams.write_many(s.id, ["a", "b", "c", "d"])
+    pgstreams.close(s.id)
+    Chunk.objects.filter(stream_id=s.id, offset__lt=2).delete()  # as a prune's first slice does
+    with pytest.raises(CommandError, match=r"no longer holds chunks 0 to 1 .* run it again with --from 2$"):
+        run("pgstreams_tail", str(s.id))
+    assert run("pgstreams_tail", str(s.id), "--from", "2") == "cd\n"
+
+
+@pytest.mark.parametrize(
+    "age", ["99999999999d", "999999999d", "9999999999999999999999w", "9" * 5000 + "s", "٩٩٩٩٩٩٩٩٩٩h"]
+)
+def test_prune_with_an_age_before_the_year_1_says_the_largest_age_accepted(age: str) -> None:
+    """OverflowError ("date value out of range"), or a message about Python's digit limit: now a
+    CommandError giving the largest age in the unit asked, which itself is accepted."""
+    with pytest.raises(CommandError, match=r"reaches back before the year 1") as raised:
+        run("pgstreams_prune", "--closed-before", age, "--dry-run")
+    largest = re.search(r"the largest age accepted is (\d+[smhdw]);", str(raised.value))
+    assert largest is not None and largest.group(1)[-1] == age[-1]
+    assert "would remove" in run("pgstreams_prune", "--closed-before", largest.group(1), "--dry-run")
+
+
+def _offset_ish(draw: Any) -> str:
+    """Text that looks like a number to people, if not to every parser."""
+    number = draw(st.one_of(st.integers(), st.integers(2**63 - 2, 2**70), st.just("9" * 5000)))
+    digits = draw(st.sampled_from(["0123456789", "٠١٢٣٤٥٦٧٨٩", "०१२३४५६७८९", "０１２３４５６７８９"]))
+    text = "".join(digits[int(c)] if c.isdigit() else c for c in str(number))
+    pad = draw(st.sampled_from(["", " ", "\t", "\n", "\x00", "\u2003", "_", "+"]))
+    return draw(st.sampled_from([text, f"{pad}{text}", f"{text}{pad}", f"{text[:1]}{pad}{text[1:]}"]))
+
+
+HOSTILE = st.one_of(
+    st.text(),
+    st.sampled_from(["", "--", "-", "-1", "--json", "=", "\x00"]),
+    st.text(st.characters(categories=["Nd", "No", "Zs", "Cc", "Pd"]), max_size=12),
+    st.composite(_offset_ish)(),
+)
+AGES = st.one_of(
+    HOSTILE,
+    st.builds(lambda n, unit: f"{n}{unit}", st.composite(_offset_ish)(), st.sampled_from([*"smhdwy", " d", "D", ""])),
+    st.builds(
+        lambda moment, offset: moment.replace(tzinfo=datetime.timezone(offset)).isoformat(),
+        st.datetimes(),
+        st.integers(-1439, 1439).map(lambda minutes: datetime.timedelta(minutes=minutes)),
+    ),
+    st.datetimes().map(lambda moment: moment.isoformat()),
+)
+
+
+def answered(*args: str) -> str:
+    """What the command prints, or its CommandError's message; any other exception fails. Help
+    and --version (argparse exits 0 after printing them) count as an answer."""
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            return run(*args)
+    except CommandError as exc:
+        assert str(exc).strip(), f"an empty error for {args!r}"
+        return str(exc)
+    except SystemExit as exc:
+        assert exc.code == 0, f"argparse exited {exc.code} for {args!r}"
+        return ""
+
+
+@settings(max_examples=100, deadline=None)
+@given(age=AGES, batch=HOSTILE, dry=st.booleans())
+@example(age="0001-01-01000-1600", batch="1", dry=False)  # found: an offset PostgreSQL refuses
+@example(age="9999-12-31T23:00-01:00", batch="1", dry=True)  # after 9999 in UTC
+@example(age="--", batch="1", dry=True)  # found: Python 3.11's argparse reads "--closed-before=--" as []
+@example(age="0s", batch="--", dry=True)
+def test_pgstreams_prune_answers_any_text_as_its_options_or_says_what_is_wrong(age: str, batch: str, dry: bool) -> None:
+    """Any text as --closed-before and --batch (huge, negative, Unicode digits, whitespace, NUL,
+    dates at either end of the calendar): its figures, or a CommandError, never a traceback."""
+    args = ["pgstreams_prune", f"--closed-before={age}", f"--batch={batch}"]
+    answered(*args, *(["--dry-run"] if dry else []))
+
+
+@pytest.fixture
+def ended_stream() -> Stream:
+    s = pgstreams.create_stream()
+    pgstreams.write_many(s.id, ["a", "b"])
+    pgstreams.close(s.id)
+    return s
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    stream=st.one_of(HOSTILE, st.uuids().map(str), st.sampled_from(["{id}", " {id} ", "{{id}}", "urn:uuid:{ID}"])),
+    offset=HOSTILE,
+    as_json=st.booleans(),
+)
+@example(stream="{id}", offset="--", as_json=False)  # Python 3.11's argparse reads "--from=--" as []
+def test_pgstreams_tail_answers_any_text_as_its_arguments_or_says_what_is_wrong(
+    stream: str, offset: str, as_json: bool, ended_stream: Stream
+) -> None:
+    """An ended stream (named in some forms of its id), others' ids, and any text as id and
+    offset: its chunks, or a CommandError, never a traceback."""
+    stream = stream.replace("{id}", str(ended_stream.id)).replace("{ID}", str(ended_stream.id).upper())
+    answered("pgstreams_tail", stream, f"--from={offset}", *(["--json"] if as_json else []))
+
+
+@settings(max_examples=50, deadline=None)
+@given(args=st.lists(st.one_of(HOSTILE, st.sampled_from(["--json", "--j", "-v", "3", "--no-color"])), max_size=3))
+def test_pgstreams_stats_answers_any_text_as_its_arguments_or_says_what_is_wrong(args: list[str]) -> None:
+    answered("pgstreams_stats", *args)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import uuid
 
 import psycopg
@@ -29,6 +30,26 @@ def test_create_stream_defaults_and_fields() -> None:
     assert isinstance(s.id, uuid.UUID) and s.id.version == 4
     assert (s.owner, s.label, s.metadata, s.next_offset, s.closed_at) == (owner, "answer", {"model": "fake"}, 0, None)
     assert pgstreams.create_stream().metadata == {}
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"label": "a\x00b"},
+        {"label": "\ud800"},
+        {"path": "a\ud800b"},
+        {"metadata": {"k": "a\x00b"}},
+        {"metadata": {"\x00": 1}},
+    ],
+    ids=["label NUL", "label surrogate", "path surrogate", "metadata NUL", "metadata key NUL"],
+)
+def test_text_postgres_cannot_store_is_refused_by_create_stream_and_nothing_is_made(fields) -> None:
+    """It was a DataError or a UnicodeEncodeError from the database driver (the demo's label is
+    the prompt's start: a 500)."""
+    before = Stream.objects.count()
+    with pytest.raises(ValueError, match="which Postgres cannot store"):
+        pgstreams.create_stream(**fields)
+    assert Stream.objects.count() == before
 
 
 def test_write_returns_gap_free_offsets_and_counts() -> None:
@@ -372,3 +393,34 @@ async def test_a_stopped_pool_closes_the_connections_of_every_thread() -> None:
     await other.close()
     assert len(pids) > 1 and left == 0
     assert await pgstreams.awrite(s.id, "again") == 8  # new threads, new connections
+
+
+@pytest.mark.parametrize("expiry", ["ttl", "expires_at"])
+def test_a_stream_past_its_expiry_is_not_found_by_write_and_close_as_by_append(expiry: str) -> None:
+    """write(), write_many() and close() succeeded on a stream whose Durable Streams expiry had
+    passed, and a write renewed its TTL, where append() said StreamNotFound: now every one of
+    them says StreamNotFound, writes nothing and renews nothing, as the endpoint would."""
+    from django.utils import timezone
+
+    s = pgstreams.create_stream()
+    past = timezone.now() - datetime.timedelta(seconds=10)
+    if expiry == "ttl":
+        Stream.objects.filter(pk=s.pk).update(ttl=1, used_at=past)
+    else:
+        Stream.objects.filter(pk=s.pk).update(expires_at=past, used_at=past)
+    calls = {
+        "write": lambda: pgstreams.write(s.id, "x"),
+        "write with a producer": lambda: pgstreams.write(s.id, "x", producer=pgstreams.Producer("p", 0, 0)),
+        "write_many": lambda: pgstreams.write_many(s.id, ["x", "y"]),
+        "close": lambda: pgstreams.close(s.id),
+        "append": lambda: pgstreams.append(s.id, "x"),
+    }
+    answers = {}
+    for name, call in calls.items():
+        try:
+            answers[name] = call()
+        except pgstreams.StreamError as exc:
+            answers[name] = type(exc).__name__
+    assert answers == dict.fromkeys(calls, "StreamNotFound")
+    s.refresh_from_db()
+    assert (s.used_at, s.next_offset, s.closed_at) == (past, 0, None) and stored(s) == []

@@ -1,5 +1,7 @@
 """``manage.py pgstreams_tail <stream_id> [--from N] [--json]``: print a stream's chunks as they
-arrive, until it ends; Ctrl-C stops it quietly."""
+arrive, until it ends; Ctrl-C stops it quietly. A bad id or offset, an unknown stream, or chunks
+pruned from under it (the error says which ``--from`` reads what is left) end it with a
+CommandError."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ class Command(BaseCommand):
         parser.add_argument("--json", dest="as_json", action="store_true", help="one JSON object per chunk and line")
 
     def handle(self, *args: Any, stream_id: str, from_offset: int, as_json: bool, **options: Any) -> None:
+        if not isinstance(from_offset, int):  # Python 3.11's argparse reads "--from=--" as []
+            raise CommandError("--from needs an offset, a whole number, not '--'")
         try:
             for chunk in pgstreams.read(stream_id, from_offset=from_offset):
                 if as_json:
@@ -29,6 +33,8 @@ class Command(BaseCommand):
                 self.stdout.flush()
         except KeyboardInterrupt:
             return
+        except pgstreams.ChunksPruned as exc:
+            raise CommandError(f"{exc}: run it again with --from {exc.first_offset}") from None
         except (pgstreams.StreamNotFound, ValueError, TypeError) as exc:
             raise CommandError(str(exc)) from None
         if not as_json:
