@@ -16,6 +16,13 @@ no chunk it has not sent (it reads again from its position once acks arrive; fra
 a slow server's send to take them count in the window), and a client
 silent for ``ACK_TIMEOUT`` seconds with its window full is closed with 4408 and may resume by
 offset.
+
+Every client frame but an ack of a frame sent on this socket is refused with 4400 and an error
+frame saying why (``protocol.client_ack``). After a refusal no chunk frame goes out; the error
+frame and the close wait for the frames sent before them, each for at most ``SEND_TIMEOUT``
+seconds (a server whose sends wait while its client reads nothing: uvicorn, granian), after
+which the client is given up and the consumer ends without them. However the consumer ends (a
+close, a refusal, an exception), its pump is cancelled and its client counted out (``stop``).
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ WINDOW_CHUNKS = 1024
 WINDOW_BYTES = 1 << 20
 FRAME_BYTES = 256 * 1024  # a batch larger than this is split over several frames
 ACK_TIMEOUT = 60.0
+SEND_TIMEOUT = 10.0  # for a frame to be taken by a client when the server's send waits for it
 FRAME_ID_BYTES = 8  # random bytes of a frame's id (sent as hex), which the client's ack names
 MAX_CLIENT_FRAME = 1024  # bytes; the only client message is a small ack
 
@@ -61,9 +69,15 @@ CAUGHT_UP: Final = "at the stream's tail"
 class StreamConsumer(AsyncJsonWebsocketConsumer):
     """``ws/pgstreams/<uuid:stream_id>/?from=<offset>``: a stream's chunks as JSON frames."""
 
-    pump: asyncio.Task[None] | None = None
+    pump: asyncio.Task[None] | None = None  # from a successful connect until stop()
+    main: asyncio.Task[Any] | None = None  # the task that reads the client's messages
+    sending: asyncio.Task[None] | None = None  # a frame's send that had to wait
+    refused = False  # or given up: no chunk frame goes out any more, no client frame is heard
+    abandoned = False  # given up: main was cancelled to end the consumer
 
     async def connect(self) -> None:
+        self.outbox: deque[dict[str, Any]] = deque()  # frames to send after the one sending
+        self.broken = False  # a send failed: nothing more goes out
         # Accept first: a close code only reaches the client on an accepted socket.
         await self.accept()
         self.acked = asyncio.Event()
@@ -88,9 +102,6 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
         self.stream_text = str(self.stream_id)  # as its frames name it: a UUID's str() is Python code
         self.envelope = len(protocol.chunks_frame("0" * 2 * FRAME_ID_BYTES, self.stream_text, ""))
         self.send_raw = _unwrapped(self.base_send)
-        self.sending: asyncio.Task[None] | None = None  # a frame's send that had to wait
-        self.outbox: deque[dict[str, Any]] = deque()  # frames to send after it
-        self.broken = False  # a send failed: nothing more goes out
         self.pump = asyncio.create_task(self.send_chunks(), name=f"pgstreams-ws-{self.stream_id}")
         metrics.websocket_clients.inc()
 
@@ -101,9 +112,17 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
         self.scope = scope
         self.channel_layer = None
         self.base_send = send
-        with contextlib.suppress(StopConsumer):
-            while True:
-                await self.dispatch(await receive())
+        self.main = asyncio.current_task()
+        try:
+            with contextlib.suppress(StopConsumer):
+                while True:
+                    await self.dispatch(await receive())
+        except asyncio.CancelledError:
+            # Cancelled by abandon() alone: the consumer ends, as it meant to.
+            if not self.abandoned or self.main.uncancel() > 0:
+                raise
+        finally:
+            self.stop()  # whatever ended it: an exception leaves no pump and no client counted
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         """Channels' dispatch without its ``close_old_connections`` before every message: that is
@@ -115,15 +134,57 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
         await handler(message)
 
     async def disconnect(self, code: int) -> None:
-        if self.pump is not None:
-            self.pump.cancel()
-            metrics.websocket_clients.dec()
+        self.stop()
+
+    def stop(self) -> None:
+        """The socket is done with: cancel its pump and any send still waiting, and count the
+        client out; once, whatever called it first (the disconnect, the consumer's end)."""
+        pump, self.pump = self.pump, None
+        if pump is None:
+            return
+        self.refused = self.broken = True
+        self.outbox.clear()
+        pump.cancel()
+        if self.sending is not None:
+            self.sending.cancel()
+        metrics.websocket_clients.dec()
 
     async def refuse(self, code: int, message: str, **details: Any) -> None:
-        if self.pump is not None:
-            await self.flushed()  # the frames before it, which the error frame's offsets count
-        await self.send_json(protocol.error_frame(code, message, **details))
-        await self.close(code=code)
+        """Close with ``code`` after an error frame that says why, once the frames sent before it
+        (which its offsets count) have gone; no chunk frame goes out after it."""
+        if self.refused:
+            return  # refused already, or given up
+        self.refused = True
+        if self.pump is not None and self.pump is not asyncio.current_task():
+            self.pump.cancel()
+        await self.say(
+            {"type": "websocket.send", "text": json.dumps(protocol.error_frame(code, message, **details))},
+            {"type": "websocket.close", "code": code},
+        )
+
+    async def say(self, *messages: dict[str, Any]) -> None:
+        """Send ``messages`` after every frame sent so far. A client that takes no frame for
+        SEND_TIMEOUT seconds (it reads nothing, and the server's send waits) is given up."""
+        try:
+            while self.sending is not None:
+                async with asyncio.timeout(SEND_TIMEOUT):
+                    await asyncio.wait([self.sending])
+            for message in messages:
+                async with asyncio.timeout(SEND_TIMEOUT):
+                    await self.base_send(message)
+        except TimeoutError:
+            logger.info("pgstreams: a WebSocket client took no frame for %.0f s; giving it up", SEND_TIMEOUT)
+            self.abandon()
+
+    def abandon(self) -> None:
+        """End the consumer without its client (which reads nothing): the server drops the
+        connection. Raises StopConsumer in the consumer's main task; cancels it from another."""
+        self.abandoned = True
+        self.stop()
+        if self.main is asyncio.current_task():
+            raise StopConsumer
+        if self.main is not None:
+            self.main.cancel()
 
     # -- server to client ----------------------------------------------------------------------
 
@@ -144,10 +205,9 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
                 if isinstance(state, BaseException):
                     raise delivery.reraised(state)
                 break  # the end
-            await self.flushed()
-            await self.send_json(protocol.end_frame(self.position))
+            await self.say({"type": "websocket.send", "text": json.dumps(protocol.end_frame(self.position))})
             await self.drained()
-            await self.close(code=1000)
+            await self.say({"type": "websocket.close", "code": 1000})
         except asyncio.CancelledError:
             raise
         except StreamNotFound as exc:
@@ -179,10 +239,11 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
         return self.send_what_fits(progress)
 
     def send_what_fits(self, progress: Progress) -> bool:
-        """Send ``progress``' chunks in frames while the window has room; False if it filled first."""
+        """Send ``progress``' chunks in frames while the window has room; False if it filled first
+        (or the socket was refused: then nothing is sent)."""
         batch, size = progress.chunks, progress.size
         while batch:
-            if self.window_full():
+            if self.window_full() or self.refused:
                 return False
             batch, size = self.send_frame(batch, size), None
         return True
@@ -250,11 +311,6 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
         if self.pump is not None:
             self.pump.cancel()
 
-    async def flushed(self) -> None:
-        """Wait until every frame sent so far has left (before a message sent the usual way)."""
-        while self.sending is not None:
-            await asyncio.wait([self.sending])
-
     def window_full(self) -> bool:
         return self.position - self.acked_to >= WINDOW_CHUNKS or self.unacked_bytes >= WINDOW_BYTES
 
@@ -262,7 +318,8 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
         """Wait until the client's unacknowledged chunks and bytes are under the window."""
         while self.window_full():
             self.acked.clear()
-            await asyncio.wait_for(self.acked.wait(), ACK_TIMEOUT)
+            async with asyncio.timeout(ACK_TIMEOUT):  # not wait_for(), which swallowed cancels on 3.11
+                await self.acked.wait()
 
     async def drained(self) -> None:
         """Wait, at most ACK_TIMEOUT, until the client has acknowledged every chunk or closed.
@@ -280,17 +337,15 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
     # -- client to server ----------------------------------------------------------------------
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
+        if self.refused:
+            return  # what the client says now changes nothing
         if text_data is None:
             return await self.refuse(BAD_REQUEST, "binary frames are not accepted; send JSON text")
-        if len(text_data) > MAX_CLIENT_FRAME:
-            return await self.refuse(BAD_REQUEST, f"client frames are at most {MAX_CLIENT_FRAME} bytes")
         try:
-            message = json.loads(text_data)
-        except ValueError:
-            return await self.refuse(BAD_REQUEST, "client frames must be JSON")
-        if not isinstance(message, dict) or message.get("type") != "ack" or not isinstance(message.get("frame"), str):
-            return await self.refuse(BAD_REQUEST, 'the only client message is {"type": "ack", "frame": "<frame id>"}')
-        if not self.ack(message["frame"]):
+            frame = protocol.client_ack(text_data, MAX_CLIENT_FRAME)
+        except ValueError as exc:
+            return await self.refuse(BAD_REQUEST, str(exc))
+        if not self.ack(frame):
             await self.refuse(BAD_REQUEST, "ack for a frame not sent on this socket, or already acknowledged")
 
     def ack(self, frame: str) -> bool:

@@ -327,11 +327,16 @@ async def _finish(steps: Iterator[Any], awaited: Any) -> None:
     """Go on with an awaitable that ``start()`` ran until it waited on ``awaited`` (a future, or
     None for a bare yield). Each step resumes it as its event loop would: the future it waited
     on is done, and it takes the result or the exception from there; this task's cancellation
-    cancels that future, so it reaches the awaitable the same way."""
+    cancels that future, so it reaches the awaitable the same way. A future is taken as a task
+    takes one its coroutine yields (``_asyncio_future_blocking`` cleared): awaited again while
+    still set, a future implemented in C raised "await wasn't used with future", and a send
+    that had to wait (uvicorn's for a slow client) failed."""
     while True:
         if awaited is None:
             await asyncio.sleep(0)
         else:
+            if getattr(awaited, "_asyncio_future_blocking", False):
+                awaited._asyncio_future_blocking = False
             with contextlib.suppress(BaseException):  # the awaitable gets it from the future
                 await awaited
         try:

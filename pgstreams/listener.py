@@ -7,7 +7,8 @@ keeps a ``Tail`` (window.py). Notifications, commits in this process and the pol
 tails dirty; one query (fetch.py) then fetches the new chunks of every dirty tail together with
 each stream's state, in one snapshot, and wakes the readers of the tails that moved. Readers
 never query the database themselves: ``step()`` tells a reader what to do next (waits.py), and
-readers asking for the same page share one fetch.
+readers asking for the same page share one fetch (for a tail made since that fetch began, the
+page is fetched again: it may predate a commit announced to no one here).
 
 The LISTEN connection listens to the notification channels (one per shard, NOTIFY_SHARDS) of
 the streams followed here, and a stream is fetched only once its channel is listened to.
@@ -60,6 +61,7 @@ class Listener:
         self._followed: dict[str, Tail] = {}  # the same tails by their stream's hex id (notify.encode)
         self._requests: dict[fetch.Key, list[concurrent.futures.Future[Page]]] = {}
         self._kicked = False
+        self._round = 0  # fetch rounds collected (_collect); one is fetched at a time
         self._behind_pending = False  # a _fetch_behind() is scheduled
         self._fetch_limit = fetch.FETCH_KEYS
         self._conns: set[psycopg.AsyncConnection[Any]] = set()  # open, severed at stop
@@ -85,7 +87,7 @@ class Listener:
         with self._lock:
             tail = self._tails.get(stream_id)
             if tail is None:
-                tail = Tail(stream_id, notify.channel_for(stream_id))
+                tail = Tail(stream_id, notify.channel_for(stream_id), born=self._round)
                 self._tails[stream_id] = self._followed[stream_id.hex] = tail
                 self._channel_tails[tail.channel] += 1
                 if tail.channel not in self._listened:
@@ -114,32 +116,52 @@ class Listener:
         What a reader waits on is registered under the same lock that guards every change to
         the tail, so a change after this call always wakes it.
         """
-        with self._lock:
-            if self._stopped:
-                raise StreamError("the pgstreams listener of this process was stopped; read again")
-            if tail.gone:
-                raise StreamNotFound(f"stream {tail.stream_id} was deleted while being read")
+        to_wake: list[tuple[asyncio.AbstractEventLoop | None, Waiter]] = []
+        try:
+            with self._lock:
+                return self._step(tail, pos, loop, to_wake)
+        finally:
+            wake(to_wake)  # with the lock released
+
+    def _step(
+        self,
+        tail: Tail,
+        pos: int,
+        loop: asyncio.AbstractEventLoop | None,
+        to_wake: list[tuple[asyncio.AbstractEventLoop | None, Waiter]],
+    ) -> Step:
+        # With the lock held; the waiters to wake go to ``to_wake``.
+        if self._stopped:
+            raise StreamError("the pgstreams listener of this process was stopped; read again")
+        if tail.gone:
+            raise StreamNotFound(f"stream {tail.stream_id} was deleted while being read")
+        start = tail.start
+        if start is not None and start <= pos < tail.end:
+            i = pos - start
+            return Ready(tail.batch(i, fetch.PAGE_BYTES))
+        if tail.failure is not None:
+            raise StreamError(str(tail.failure)) from tail.failure.__cause__
+        if tail.final is not None and pos >= tail.final:
+            return END
+        if start is not None and pos > tail.end and tail.jump(pos):
+            # Ahead of the window: it moves here. Readers waiting at its old end may be behind it
+            # now: they step again, and fetch their own pages.
             start = tail.start
-            if start is not None and start <= pos < tail.end:
-                i = pos - start
-                return Ready(tail.batch(i, fetch.PAGE_BYTES))
-            if tail.failure is not None:
-                raise StreamError(str(tail.failure)) from tail.failure.__cause__
-            if tail.final is not None and pos >= tail.final:
-                return END
-            if start is None or pos < start:
-                future: concurrent.futures.Future[Page] = concurrent.futures.Future()
-                self._requests.setdefault((tail.stream_id, pos), []).append(future)
-                self._kick()
-                return ForPage(future, tail.stream_id, pos)
-            if tail.wants_fetch() and not tail.dirty:
-                # More was announced than the window holds: fetch it now that a reader waits.
-                tail.dirty = True
-                self._kick()
-            waiter = tail.waiters.get(loop)
-            if waiter is None:
-                waiter = tail.waiters[loop] = threading.Event() if loop is None else asyncio.Event()
-            return ForTail(waiter)
+            to_wake.extend(tail.waiters.items())
+            tail.waiters.clear()
+        if start is None or pos < start:
+            future: concurrent.futures.Future[Page] = concurrent.futures.Future()
+            self._requests.setdefault((tail.stream_id, pos), []).append(future)
+            self._kick()
+            return ForPage(future, tail.stream_id, pos)
+        if tail.wants_fetch() and not tail.dirty:
+            # More was announced than the window holds: fetch it now that a reader waits.
+            tail.dirty = True
+            self._kick()
+        waiter = tail.waiters.get(loop)
+        if waiter is None:
+            waiter = tail.waiters[loop] = threading.Event() if loop is None else asyncio.Event()
+        return ForTail(waiter)
 
     # -- announcements (any thread) ------------------------------------------------------------
 
@@ -470,6 +492,7 @@ class Listener:
         then dirty tails. What does not fit stays pending, for a round that follows at once."""
         with self._lock:
             self._kicked = False
+            self._round += 1
             # While LISTEN is up, a channel not listened to yet waits for its LISTEN (_listen).
             held = self._channel_tails.keys() - self._listened if self.listening.is_set() else set()
             ready = [key for key in self._requests if not held or self._channel_of(key[0]) not in held]
@@ -515,10 +538,16 @@ class Listener:
                 stream_id, from_offset = key
                 self.stats.chunks_fetched += len(page.chunks)
                 self.stats.data_fetched += page.data
+                tail = self._tails.get(stream_id)
+                if tail is not None and tail.born >= self._round:
+                    # Asked for by readers that left before this tail was made: the page may
+                    # predate a commit announced to no one here. Its readers' requests stay, and
+                    # are fetched anew.
+                    self._work.set()
+                    continue
                 futures = self._requests.pop(key, None)
                 if futures:
                     answered.append((futures, page))
-                tail = self._tails.get(stream_id)
                 if tail is None:
                     continue
                 if not page.exists:

@@ -1,6 +1,6 @@
 """The wire protocol browsers speak (described in docs/reference/), for the WebSocket
-consumer and the SSE view alike: offsets in a request, WebSocket close codes, and the shapes of
-frames and events. Imports neither Channels nor views; sends nothing."""
+consumer and the SSE view alike: offsets in a request, WebSocket close codes, a client's ack, and
+the shapes of frames and events. Imports neither Channels nor views; sends nothing."""
 
 from __future__ import annotations
 
@@ -40,6 +40,20 @@ def parse_offset(values: list[str] | None, name: str) -> int:
     if not _OFFSET.match(values[0]):
         raise ValueError(f"'{name}' must be a non-negative integer offset, not {values[0][:40]!r}")
     return int(values[0])
+
+
+def client_ack(text: str, max_bytes: int) -> str:
+    """The frame id that a client's text frame acknowledges; ValueError, saying what is wrong,
+    for any other frame, however malformed or deep (json's RecursionError included)."""
+    if len(text) > max_bytes or len(text.encode("utf-8", "surrogatepass")) > max_bytes:
+        raise ValueError(f"client frames are at most {max_bytes} bytes")
+    try:
+        message = json.loads(text)
+    except (ValueError, RecursionError):
+        raise ValueError("client frames must be JSON") from None
+    if not isinstance(message, dict) or message.get("type") != "ack" or not isinstance(message.get("frame"), str):
+        raise ValueError('the only client message is {"type": "ack", "frame": "<frame id>"}')
+    return message["frame"]
 
 
 def past_end(position: int, stream: Stream) -> str:

@@ -7,6 +7,10 @@ or None at the end. A step that waits asks ``left()`` how long it may (None: for
 raises ``TimeoutError`` once the time is up) and raises ``TimeoutError`` when the wait outlasts
 it; a step that does not wait never asks. The listener settles and wakes the waits with
 ``settle()`` and ``wake()``.
+
+A wait is bounded with ``asyncio.timeout()``, never ``asyncio.wait_for()``: on Python 3.11 that
+returned the wait's result, swallowing the cancel, when the task was cancelled in the loop turn
+its wait ended in (tests/unit/test_waits.py).
 """
 
 from __future__ import annotations
@@ -71,7 +75,10 @@ class ForPage:
         return self._chunks(self.future.result(left()))
 
     async def take_async(self, left: Left) -> list[StreamChunk]:
-        return self._chunks(await asyncio.wait_for(asyncio.wrap_future(self.future), left()))
+        # Cancelled or out of time, the await cancels the request (settle() drops its answer).
+        async with asyncio.timeout(left()):
+            page = await asyncio.wrap_future(self.future)
+        return self._chunks(page)
 
     def _chunks(self, page: Page) -> list[StreamChunk]:
         if not page.exists:
@@ -96,10 +103,11 @@ class ForTail:
     async def take_async(self, left: Left) -> list[StreamChunk]:
         assert isinstance(self.event, asyncio.Event)
         timeout = left()
-        if timeout is None:  # wait_for() would wrap the wait in a task of its own
+        if timeout is None:
             await self.event.wait()
         else:
-            await asyncio.wait_for(self.event.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self.event.wait()
         return []
 
 

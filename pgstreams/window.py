@@ -4,7 +4,9 @@ lock around every call).
 
 A tail keeps a window of the chunks fetched last (consecutive offsets ``start`` to ``end - 1``),
 within a memory budget (``WINDOW_BYTES``), the highest offset announced, and the stream's end
-once it is known. Readers take chunks from the window; a reader behind it asks for its own page.
+once it is known. Readers take chunks from the window; a reader behind it asks for its own page,
+and a reader ahead of it moves it to itself (``jump``): the window follows the readers at the
+front, and is never fetched through chunks that no reader waits for.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class Tail:
 
     stream_id: uuid.UUID
     channel: str = ""  # its notification channel (one per shard, NOTIFY_SHARDS)
+    born: int = 0  # the listener's fetch round when it was made: pages of that round or before predate it
     readers: int = 0
     # window holds chunks start .. end-1; start is None until the first fetch.
     start: int | None = None
@@ -56,6 +59,7 @@ class Tail:
     window: list[StreamChunk] = field(default_factory=list)
     window_bytes: int = 0  # what the window's chunks cost, by size()
     hint: int = 0  # highest next_offset announced or seen
+    shown: int = 0  # highest next_offset a fetched page showed: chunks below it can be fetched
     close_hinted: bool = False
     heard: int = 0  # announcements made to it: counted, to tell whether one came since a fetch was asked for
     asked: int = 0  # heard, when its last fetch was asked for
@@ -95,6 +99,7 @@ class Tail:
         the page); return whether readers have something new."""
         moved = False
         self.hint = max(self.hint, page.next_offset)
+        self.shown = max(self.shown, page.next_offset)
         if page.pruned_to is not None:
             if self.start is not None and from_offset == self.end:
                 # The chunks after the window are gone: readers past it ask for their own pages
@@ -119,6 +124,18 @@ class Tail:
             self.end = from_offset + len(chunks)
             moved = True
         return moved
+
+    def jump(self, pos: int) -> bool:
+        """A reader at ``pos`` is ahead of the window: empty it, to be fetched from ``pos`` (or from
+        the highest offset a page showed, if the reader is past it), rather than fetched forward
+        through every chunk in between; readers in the old window read on by their own pages.
+        Return whether it moved (then its waiters are to be woken to step again)."""
+        start = min(pos, self.shown)
+        if self.start is None or start <= self.end:
+            return False
+        self.start = self.end = start
+        self.window, self.window_bytes = [], 0
+        return True
 
     def _append(self, chunks: list[StreamChunk], budget: int) -> None:
         # Trim from the front to the budget, but never below the page just added.

@@ -16,6 +16,7 @@ from django.test import RequestFactory
 
 import pgstreams
 from pgstreams.models import Stream
+from pgstreams.templatetags.pgstreams import stream_html
 from tests.helpers import delete_chunks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -90,3 +91,45 @@ def test_without_the_request_in_the_context_it_says_which_context_processor_to_a
     s = pgstreams.create_stream()
     with pytest.raises(ImproperlyConfigured, match="django.template.context_processors.request"):
         TEMPLATE.render(Context({"stream": s}))
+
+
+def shown(html: str) -> str:
+    return re.search(r">([^<]*)</div>", html).group(1)
+
+
+def test_a_long_stream_renders_its_last_chunks_and_follows_from_its_end() -> None:
+    """The page held the whole stream: a million chunks, a page of them all. Now the last 10,000."""
+    s = pgstreams.create_stream()
+    n = 10_000 + 5
+    for start in range(0, n, 1000):
+        pgstreams.write_many(s.id, [f"{i} " for i in range(start, min(n, start + 1000))])
+    html = render(s.id)
+    assert shown(html) == "".join(f"{i} " for i in range(5, n)) and f"from={n}" in html
+
+
+def test_the_last_chunks_rendered_are_bounded_in_bytes_too() -> None:
+    """At most 1 MiB of text, in whole chunks."""
+    s = pgstreams.create_stream()
+    chunk = "é" * 30_000  # 60,000 bytes of UTF-8
+    pgstreams.write_many(s.id, [chunk] * 20)
+    pgstreams.close(s.id)
+    kept = (1 << 20) // 60_000
+    assert shown(render(s.id)) == chunk * kept
+    one = Template("{% load pgstreams %}{% stream_html stream last_bytes=1 %}")
+    assert shown(render(s.id, template=one)) == chunk  # the last chunk at least, whatever its size
+
+
+def test_last_chooses_how_many_chunks_are_rendered() -> None:
+    s = pgstreams.create_stream()
+    pgstreams.write_many(s.id, ["a", "b", "c", "d"])
+    delete_chunks(s.id, 1, 2)  # a gap: b pruned
+    last_two = Template("{% load pgstreams %}{% stream_html stream last=2 %}")
+    assert re.search(r"from=4\"[^>]*>cd</div>", render(s.id, template=last_two))
+    last_three = Template("{% load pgstreams %}{% stream_html stream last=3 %}")
+    assert shown(render(s.id, template=last_three)) == "acd"  # three chunks kept: a, c, d
+    request = RequestFactory().get("/")
+    request.user = AnonymousUser()
+    assert stream_html(Context({"request": request}), s.id, last=2)["first_offset"] == 2  # for a template's own use
+    for bad in ("0", "-1", "'x'", "2.5"):
+        with pytest.raises(ValueError, match="last must be a positive whole number of chunks"):
+            render(s.id, template=Template(f"{{% load pgstreams %}}{{% stream_html stream last={bad} %}}"))

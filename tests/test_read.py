@@ -70,6 +70,87 @@ def test_a_long_stream_is_read_in_pages_past_the_window() -> None:
     assert listener.get_listener().stats.chunks_fetched - before <= n + 2 * fetch.PAGE_SIZE
 
 
+def write_numbered(stream_id: uuid.UUID, n: int) -> None:
+    for start in range(0, n, 1000):
+        pgstreams.write_many(stream_id, [str(i) for i in range(start, min(n, start + 1000))])
+
+
+@pytest.mark.usefixtures("fresh_listener")
+def test_a_reader_resuming_ahead_of_another_readers_window_fetches_only_its_own_chunks() -> None:
+    """A reader behind the window fetches its own pages, and so does one ahead of it: it fetched
+    everything between the window and itself, a page a round (99,500 chunks for 5)."""
+    s = pgstreams.create_stream()
+    n = 20 * fetch.PAGE_SIZE
+    write_numbered(s.id, n)
+    pgstreams.close(s.id)
+    behind = pgstreams.read(s.id, timeout=10)
+    assert next(behind).offset == 0  # its window is at the start, and stays there while it pauses
+    hub = listener.get_listener()
+    before = hub.stats.snapshot()
+    assert pairs(pgstreams.read(s.id, from_offset=n - 5, timeout=10)) == [(i, str(i)) for i in range(n - 5, n)]
+    ahead = hub.stats - before
+    # Its 5 chunks in a round, and a page more if the fallback poll came meanwhile.
+    assert ahead.chunks_fetched <= 5 + fetch.PAGE_SIZE and ahead.fetches <= 3, ahead
+    assert [c.offset for c in behind] == list(range(1, n))  # the one behind reads on, by its own pages
+
+
+@pytest.mark.usefixtures("fresh_listener")
+def test_a_reader_waiting_at_the_tail_ahead_of_the_window_does_not_pull_the_window_through_the_stream() -> None:
+    s = pgstreams.create_stream()
+    n = 20 * fetch.PAGE_SIZE
+    write_numbered(s.id, n)
+    behind = pgstreams.read(s.id, timeout=10)
+    assert next(behind).offset == 0
+    hub = listener.get_listener()
+    before = hub.stats.snapshot()
+    got: list[tuple[int, str]] = []
+    reader = threading.Thread(target=lambda: got.extend(pairs(pgstreams.read(s.id, from_offset=n, timeout=10))))
+    reader.start()
+    pgstreams.write(s.id, "live")
+    pgstreams.close(s.id)
+    reader.join(15)
+    assert got == [(n, "live")]
+    ahead = hub.stats - before
+    assert ahead.chunks_fetched <= 1 + fetch.PAGE_SIZE, ahead
+    assert [c.offset for c in behind] == list(range(1, n + 1))
+
+
+@pytest.mark.usefixtures("fresh_listener")
+async def test_a_page_fetched_before_a_reader_came_is_not_all_it_is_told(monkeypatch) -> None:
+    """A page asked for by readers that then left, handed to a reader that came while it was
+    fetched, at the same offset: a chunk committed meanwhile was announced to no one (the stream
+    had no tail here then), and the page predates it. The reader waited for the fallback poll."""
+    fetched, release = threading.Event(), threading.Event()
+    fetch_pages = fetch.fetch_pages
+    held: list[list[fetch.Key]] = []
+
+    async def held_once(conn, keys, refuse):  # the real fetch; the first one's answer held back
+        pages = await fetch_pages(conn, keys, refuse)
+        if not held:
+            held.append(keys)
+            fetched.set()
+            while not release.is_set():  # bounded by the test, which sets it
+                await asyncio.sleep(0.001)
+        return pages
+
+    monkeypatch.setattr(fetch, "fetch_pages", held_once)
+    with override_settings(PGSTREAMS={"NOTIFY_MODE": "off", "POLL_INTERVAL": 3600}):
+        s = await pgstreams.acreate_stream()
+        hub = listener.get_listener()
+        first = asyncio.create_task(anext(pgstreams.aread(s.id, timeout=10)))
+        assert await asyncio.to_thread(fetched.wait, 10)  # its page is fetched, not yet handed out
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
+        assert s.id not in hub._tails  # it left: the stream is followed by no one here
+        await pgstreams.awrite(s.id, "committed after the page's snapshot")
+        second = asyncio.create_task(anext(pgstreams.aread(s.id, timeout=10)))
+        await asyncio.sleep(0)
+        assert (s.id, 0) in hub._requests  # it asks for the page being fetched
+        release.set()
+        assert (await second).data == "committed after the page's snapshot"
+        assert hub.stats.polls == 0
+
+
 def test_a_page_ends_with_the_chunk_that_reaches_its_bytes_whatever_the_chunks_size() -> None:
     """Pages were 500 chunks whatever their size: 32 MB of 64 KB chunks for a reader that
     would send one MiB of it."""

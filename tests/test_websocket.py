@@ -1,14 +1,20 @@
 """The WebSocket consumer through Channels' WebsocketCommunicator: protocol, resume, close codes,
-authorization, flow control and bad client frames."""
+authorization, flow control and bad client frames; then under a real server (daphne, uvicorn):
+hostile client frames and a client that reads nothing, and what the server holds after them."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import sys
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
+import websockets
 from asgiref.sync import sync_to_async
 from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
@@ -16,10 +22,12 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AnonymousUser
 
 import pgstreams
+from bench.servers import server_command
 from pgstreams import consumers
 from pgstreams.models import Chunk
 from pgstreams.routing import websocket_urlpatterns
-from tests.helpers import delete_chunks
+from tests.conftest import serving
+from tests.helpers import RawWebSocket, delete_chunks, free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -324,3 +332,235 @@ async def test_a_client_with_a_full_window_pins_no_chunk_it_was_not_sent(monkeyp
     more = await ws.receive_json_from(5)
     assert offsets([more]) == [(i, f"c{i}") for i in range(10, 20)]
     await ws.disconnect()
+
+
+async def test_after_a_refusal_no_chunk_frame_is_sent() -> None:
+    """The error frame and the close were sent, and the socket's pump went on: a chunk written
+    after them went out too (until the client's disconnect reached the consumer)."""
+    s = await pgstreams.acreate_stream()
+    await pgstreams.awrite(s.id, "a")
+    ws = await connect(s.id)
+    assert offsets([await ws.receive_json_from(5)]) == [(0, "a")]  # at the tail now, with the stream's fan
+    await ws.send_json_to({"type": "ack", "frame": "guessed"})
+    error = await ws.receive_json_from(5)
+    assert error["code"] == 4400 and "not sent on this socket" in error["message"]
+    assert await ws.receive_output(5) == {"type": "websocket.close", "code": 4400}
+    await pgstreams.awrite(s.id, "b")
+    async for chunk in pgstreams.aread(s.id, from_offset=1, timeout=5):
+        assert chunk.data == "b"  # delivered in this process: the socket's fan had it too
+        break
+    assert await ws.receive_nothing(0.5)
+    await ws.disconnect()
+
+
+# -- hostile client frames against a real server ---------------------------------------------------
+
+# The demo's ASGI application under a server (daphne or uvicorn, by its command line's arguments),
+# with one more route: GET /test/consumers/ answers what the server process holds of WebSocket
+# clients: the pumps still pending, and the clients and readers its metrics count.
+CONSUMERS_SERVER = """
+import asyncio, json, os, sys
+server, arguments = sys.argv[1], sys.argv[2:]
+if server == "daphne":
+    import daphne.server  # twisted's asyncio reactor, installed before anything else imports one
+from prometheus_client import REGISTRY
+from demo_project.asgi import application as demo
+from pgstreams import consumers
+for name, kind in (("ACK_TIMEOUT", float), ("SEND_TIMEOUT", float), ("WINDOW_BYTES", int), ("WINDOW_CHUNKS", int)):
+    if "TEST_" + name in os.environ:  # set by the test's environment
+        setattr(consumers, name, kind(os.environ["TEST_" + name]))
+
+async def application(scope, receive, send):
+    if scope["type"] == "http" and scope["path"] == "/test/consumers/":
+        tasks = [t for t in asyncio.all_tasks() if t.get_name().startswith("pgstreams-ws-") and not t.done()]
+        held = {
+            "pumps": len(tasks),
+            "clients": REGISTRY.get_sample_value("pgstreams_websocket_clients"),
+            "readers": REGISTRY.get_sample_value("pgstreams_active_readers"),
+        }
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": json.dumps(held).encode()})
+        return
+    await demo(scope, receive, send)
+
+if server == "daphne":
+    from daphne.cli import CommandLineInterface
+    CommandLineInterface().run(arguments)
+else:
+    from uvicorn.main import main
+    main(arguments)
+"""
+
+
+@contextlib.contextmanager
+def consumers_serving(server: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    """``CONSUMERS_SERVER`` under ``server`` on a free loopback port, against the test database."""
+    port = free_port()
+    command = server_command(server, "__main__:application", port)
+    with serving([sys.executable, "-c", CONSUMERS_SERVER, server, *command[3:]], port, env=env) as host:
+        yield host
+
+
+@pytest.fixture(scope="module")
+def consumers_server(django_db_setup: None) -> Iterator[str]:
+    with consumers_serving("daphne") as host:
+        yield host
+
+
+async def held_by(host: str) -> dict[str, float]:
+    async with httpx.AsyncClient(timeout=10) as client:
+        return (await client.get(f"http://{host}/test/consumers/")).json()
+
+
+async def released(host: str) -> dict[str, float]:
+    """What the server holds of WebSocket clients, once it holds none (or after 10 s: then what
+    it still holds)."""
+    for _ in range(100):  # bounded: 10 s
+        held = await held_by(host)
+        if held == {"pumps": 0, "clients": 0, "readers": 0}:
+            break
+        await asyncio.sleep(0.1)
+    return held
+
+
+async def close_after(host: str, path: str, frame: str | bytes, *, text: bool | None = None) -> tuple[list, int]:
+    """Open a socket, send ``frame`` (bytes as a text frame with ``text``), and read what comes
+    back until the server closes it: (the messages, the close code)."""
+    messages = []
+    async with websockets.connect(f"ws://{host}{path}", origin=f"http://{host}", open_timeout=20, max_size=None) as ws:
+        await ws.send(frame, text=text)
+        try:
+            async with asyncio.timeout(20):
+                async for raw in ws:
+                    messages.append(json.loads(raw))
+        except websockets.ConnectionClosed:
+            pass
+    return messages, ws.close_code
+
+
+HOSTILE_FRAMES: list[tuple[str | bytes, str]] = [
+    ("[" * 1000, "JSON"),  # RecursionError in Python 3.11's json
+    ("[" * 1024, "JSON"),
+    ('{"a":' * 200, "JSON"),
+    ("[" * 5000, "at most"),
+    ("é" * 1000, "at most"),  # 1,000 characters, 2,000 bytes
+    ("1" * 1000, "only client message"),
+    ("1e999", "only client message"),
+    ("-0", "only client message"),
+    ('{"type": "ack", "frame": ' + "9" * 900 + "}", "only client message"),
+    ('{"type": ["ack"], "frame": "x"}', "only client message"),
+    ('{"type": "ack", "frame": ["x"]}', "only client message"),
+    ('{"type": "ack", "frame": {"x": 1}}', "only client message"),
+    ('{"type": "ack", "frame": null}', "only client message"),
+    ('{"type": "ack"}', "only client message"),
+    ("[]", "only client message"),
+    ("null", "only client message"),
+    ('"ack"', "only client message"),
+    ("", "JSON"),
+    ("\x00", "JSON"),
+    ("NaN", "only client message"),
+    ('{"type": "ack", "frame": "\\u0000"}', "not sent on this socket"),
+    ('{"type": "ack", "frame": "\\ud800"}', "not sent on this socket"),
+    ('{"type": "ack", "frame": "x", "type": "ack"}', "not sent on this socket"),
+    (b"", "binary"),
+    (b"\x00\x01", "binary"),
+    (b"[" * 1000, "binary"),
+]
+
+
+@pytest.mark.multiprocess
+async def test_hostile_client_frames_get_4400_and_an_error_frame_and_leave_nothing_behind(
+    consumers_server: str,
+) -> None:
+    """Each frame on a socket of its own, on an idle open stream: an error frame saying what is
+    wrong, the close code 4400, and once the sockets are closed no pump, counted client or reader
+    left in the server. A frame of 1,000 '[' crashed the consumer (1011, no error frame) and left
+    its pump and its count behind for good."""
+    s = await pgstreams.acreate_stream()
+    path = f"/ws/pgstreams/{s.id}/"
+    assert await released(consumers_server) == {"pumps": 0, "clients": 0, "readers": 0}
+    got = await asyncio.gather(*(close_after(consumers_server, path, frame) for frame, _ in HOSTILE_FRAMES))
+    wrong = []
+    for (frame, fragment), (messages, code) in zip(HOSTILE_FRAMES, got, strict=True):
+        error = messages[-1] if messages else {}
+        if not (code == 4400 and error.get("code") == 4400 and fragment in error.get("message", "")):
+            wrong.append((frame[:20], code, messages[-1:]))
+    assert wrong == [], wrong
+    assert await released(consumers_server) == {"pumps": 0, "clients": 0, "readers": 0}
+
+
+@pytest.mark.multiprocess
+async def test_twenty_sockets_of_deep_json_leave_no_pump_or_client_behind(consumers_server: str) -> None:
+    s = await pgstreams.acreate_stream()
+    path = f"/ws/pgstreams/{s.id}/"
+    got = await asyncio.gather(*(close_after(consumers_server, path, "[" * 1000) for _ in range(20)))
+    assert {code for _, code in got} == {4400}
+    assert await released(consumers_server) == {"pumps": 0, "clients": 0, "readers": 0}
+    await pgstreams.awrite(s.id, "still served")
+    await pgstreams.aclose(s.id)
+    messages, code = await close_after(consumers_server, path, '{"type": "ack", "frame": "none"}')
+    assert code == 4400  # a socket after them is served as before
+
+
+@pytest.mark.multiprocess
+async def test_a_text_frame_of_invalid_utf8_is_closed_by_the_transport_and_leaves_nothing_behind(
+    consumers_server: str,
+) -> None:
+    s = await pgstreams.acreate_stream()
+    messages, code = await close_after(consumers_server, f"/ws/pgstreams/{s.id}/", b"\xff\xfe[", text=True)
+    # The server's WebSocket layer refuses it (daphne's drops the connection: 1006); the consumer
+    # never sees it, and ends all the same.
+    assert code in (1006, 1007) and messages == []
+    assert await released(consumers_server) == {"pumps": 0, "clients": 0, "readers": 0}
+
+
+@pytest.mark.multiprocess
+async def test_a_client_that_reads_nothing_is_refused_and_given_up_not_held_for_ever() -> None:
+    """uvicorn's sends wait while its client reads nothing (over the loopback the kernel holds a
+    whole default window, so the window here is widened past what it holds). Such a send failed
+    ("await wasn't used with future") and the socket was taken for broken: nothing more was sent
+    and the client stayed counted. And the refusal of such a client, its window full, waited for
+    the frames before it with no limit: the consumer and its pump stayed for as long as the
+    client kept its socket open."""
+    s = await pgstreams.acreate_stream()
+    for start in range(0, 400, 50):
+        await pgstreams.awrite_many(s.id, [f"{i:05}" + "x" * 60_000 for i in range(start, start + 50)])  # 24 MB
+    env = {
+        "TEST_ACK_TIMEOUT": "1",
+        "TEST_SEND_TIMEOUT": "1",
+        "TEST_WINDOW_BYTES": str(16 << 20),
+        "TEST_WINDOW_CHUNKS": "100000",
+    }
+    with consumers_serving("uvicorn", env=env) as host:
+        client = await asyncio.to_thread(RawWebSocket, host, f"/ws/pgstreams/{s.id}/")  # reads nothing
+        try:
+            assert await released(host) == {"pumps": 0, "clients": 0, "readers": 0}
+        finally:
+            client.close()
+
+
+async def test_an_exception_inside_the_consumer_cancels_its_pump_and_counts_its_client_out(monkeypatch) -> None:
+    from prometheus_client import REGISTRY
+
+    def clients() -> float:
+        return REGISTRY.get_sample_value("pgstreams_websocket_clients")
+
+    def pumps() -> list[asyncio.Task]:
+        return [t for t in asyncio.all_tasks() if t.get_name().startswith("pgstreams-ws-") and not t.done()]
+
+    def broken(self: consumers.StreamConsumer, frame: str) -> bool:
+        raise RuntimeError("a defect in the consumer")
+
+    monkeypatch.setattr(consumers.StreamConsumer, "ack", broken)
+    s = await pgstreams.acreate_stream()
+    await pgstreams.awrite(s.id, "a")
+    before = clients()
+    ws = await connect(s.id)
+    frame = await ws.receive_json_from(5)  # its pump runs
+    assert clients() == before + 1 and len(pumps()) == 1
+    await ws.send_json_to({"type": "ack", "frame": frame["frame"]})
+    with pytest.raises(RuntimeError, match="a defect"):
+        await ws.receive_output(5)  # the application's exception, as the server gets it
+    for _ in range(10):  # a cancelled task ends at the loop's next turns
+        await asyncio.sleep(0)
+    assert clients() == before and pumps() == []

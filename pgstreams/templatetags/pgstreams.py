@@ -1,18 +1,21 @@
 """Template tags, ``{% load pgstreams %}``: ``{% stream_html stream %}`` renders a text stream's
-chunks so far, escaped, in an element that htmx's SSE extension keeps appending to from the SSE
-view (``?format=html``), starting at the next offset, so a reload shows everything once.
+last chunks so far (``LAST_CHUNKS`` and ``LAST_BYTES`` at most, or ``last=`` and ``last_bytes=``),
+escaped, in an element that htmx's SSE extension keeps appending to from the SSE view
+(``?format=html``), starting at the next offset, so a reload shows them and what follows once.
 
-The reader is authorized as at the SSE view, by the request in the template's context. The
-chunks are read through this process's listener (``pgstreams.read``), in a sync view; nothing
-here writes or follows a stream.
+The reader is authorized as at the SSE view, by the request in the template's context. One
+query measures the stream's last chunks (their offsets and sizes, not their text) to find where
+the page starts; the chunks are read from there through this process's listener
+(``pgstreams.read``), in a sync view. Nothing here writes or follows a stream.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from django import template
 from django.core.exceptions import ImproperlyConfigured
+from django.db.models import F, Func, IntegerField
 from django.http import Http404
 from django.urls import reverse
 from django.utils.safestring import mark_safe
@@ -20,22 +23,36 @@ from django.utils.safestring import mark_safe
 from .. import conf
 from ..auth import _readable_stream
 from ..exceptions import ChunksPruned, StreamNotFound
+from ..models import Chunk
 from ..protocol import html_text
 from ..reader import read
 from ..types import stream_uuid
 
 register = template.Library()
 
+# What a page renders of a stream at most: its last chunks, and of them those whose text (in
+# UTF-8) fits in the bytes, the last one at least. Earlier text is left out.
+LAST_CHUNKS: Final = 10_000
+LAST_BYTES: Final = 1 << 20
+
 
 @register.inclusion_tag("pgstreams/stream_html.html", takes_context=True)
-def stream_html(context: template.Context, stream: Any) -> dict[str, Any]:
-    """The stream (a Stream or its id) so far, and, while it is open, what htmx needs to follow it.
+def stream_html(
+    context: template.Context, stream: Any, last: int = LAST_CHUNKS, last_bytes: int = LAST_BYTES
+) -> dict[str, Any]:
+    """The stream's (a Stream or its id) last chunks so far, at most ``last`` of them and
+    ``last_bytes`` of their text (the last chunk at least), and, while it is open, what htmx
+    needs to follow it. The template also gets ``first_offset``, the offset of the first chunk
+    shown.
 
     Answers as the SSE view would: ``Http404`` for no such stream, ``PermissionDenied`` (403) for
     a reader ``AUTHORIZE`` refuses. The text is escaped here, whatever the template's autoescape,
     as the SSE view escapes what follows; chunks already pruned are left out (the text starts at
     the first chunk kept).
     """
+    for name, value, what in (("last", last, "chunks"), ("last_bytes", last_bytes, "bytes")):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{{% stream_html %}}'s {name} must be a positive whole number of {what}, not {value!r}")
     request = context.get("request")
     if request is None:
         raise ImproperlyConfigured(
@@ -50,12 +67,33 @@ def stream_html(context: template.Context, stream: Any) -> dict[str, Any]:
     if not found.holds_text:
         raise ValueError(f"{{% stream_html %}} shows text streams; stream {sid} holds bytes ({found.content_type})")
     end = found.next_offset
+    start = _start(sid, end, last, last_bytes)
     events = reverse("pgstreams:events", kwargs={"stream_id": sid})
     return {
         "stream_id": sid,
-        "text": mark_safe(html_text("".join(_text(sid, end)))),  # escaped by html_text
+        "first_offset": start,
+        "text": mark_safe(html_text("".join(_text(sid, end, start)))),  # escaped by html_text
         "events": None if found.is_closed else f"{events}?format=html&from={end}",
     }
+
+
+def _start(sid: Any, end: int, last: int, last_bytes: int) -> int:
+    """Where the page starts: the offset of the first of the last chunks below ``end`` (at most
+    ``last``) whose text fits in ``last_bytes``, the last chunk at least; ``end`` if none."""
+    sizes = (
+        Chunk.objects.using(conf.database())
+        .filter(stream_id=sid, offset__lt=end)
+        .order_by("-offset")
+        .annotate(size=Func(F("data"), function="octet_length", output_field=IntegerField()))
+        .values_list("offset", "size")[:last]
+    )
+    start, total = end, 0
+    for offset, size in sizes:
+        total += size or 0
+        if total > last_bytes and start < end:
+            break
+        start = offset
+    return start
 
 
 def _text(sid: Any, end: int, start: int = 0) -> list[str]:
