@@ -401,11 +401,15 @@ async def test_the_rule_is_shown_the_streams_metadata_as_its_value() -> None:
 
 
 async def test_writes_from_python_count_as_use_of_a_stream_with_a_ttl() -> None:
+    """A write renews the TTL of a stream still alive (one past it is gone, for write() as for
+    append(): test_write.py::test_a_stream_past_its_expiry_is_not_found_by_write_and_close_as_by_append)."""
     with OPEN:
         await AsyncClient().put(url("kept-alive"), "a", content_type="text/plain", headers={"Stream-TTL": "60"})
     stream = await Stream.objects.aget(path="kept-alive")
-    await Stream.objects.filter(pk=stream.pk).aupdate(used_at=timezone.now() - datetime.timedelta(hours=1))
+    last_use = timezone.now() - datetime.timedelta(seconds=50)
+    await Stream.objects.filter(pk=stream.pk).aupdate(used_at=last_use)
     await pgstreams.awrite(stream, "b")  # its writer is still at it
+    assert (await Stream.objects.aget(pk=stream.pk)).used_at > last_use + datetime.timedelta(seconds=45)
     response = await AsyncClient().get(url("kept-alive"))
     assert (response.status_code, response.content) == (200, b"ab")
 
