@@ -1,6 +1,7 @@
 """ASGI entry point of the demo site: HTTP (with static files, and pgstreams' Durable Streams
-endpoint straight to its view) and pgstreams' WebSocket routes. The objects loaded at start are
-frozen out of the garbage collector (docs/howto/deploy.md)."""
+endpoint straight to its view) and pgstreams' WebSocket routes, behind an Origin check as strict
+as Django's CSRF check (scheme, host and port). The objects loaded at start are frozen out of the
+garbage collector (docs/howto/deploy.md)."""
 
 import gc
 import os
@@ -12,17 +13,17 @@ django_application = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set up)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from pgstreams.durable.asgi import DurableStreamsFirst  # noqa: E402
+from pgstreams.origin import CsrfOriginValidator  # noqa: E402
 from pgstreams.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         # The Durable Streams endpoint's requests skip the middleware chain (README, Durable Streams).
         "http": DurableStreamsFirst(ASGIStaticFilesHandler(django_application)),
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "websocket": CsrfOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
 

@@ -1,6 +1,7 @@
 """The Django admin for streams: a list that stays fast on large tables (no per-row query, no
 COUNT, no chunks loaded), and a page per stream with its text, its chunks a page at a time and,
-while it is open, a live tail. Chunks themselves are not editable; streams are created by code."""
+while it is open, a live tail. Chunks themselves are not editable; streams are created by code,
+and deleted as a Durable Streams DELETE deletes them (a tombstone while forks remain)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pgstreams
 
 from . import conf
 from .auth import may_view_all
+from .durable.store import remove
 from .models import Chunk, Stream
 
 PREVIEW_BYTES = 64 * 1024
@@ -82,6 +84,15 @@ class StreamAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Stream | None = None) -> bool:
         # Its delete page shows what it is deleting: only to those who may read it.
         return may_view_all(request.user) and super().has_delete_permission(request, obj)
+
+    def delete_model(self, request: HttpRequest, obj: Stream) -> None:
+        """As a Durable Streams DELETE: a stream forks were made of stays as a tombstone that
+        keeps its path until its last fork goes; its readers learn it is gone."""
+        remove(obj._state.db or conf.database(), obj.pk)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Stream]) -> None:
+        for stream_id in queryset.values_list("pk", flat=True):
+            remove(queryset.db, stream_id)
 
     @admin.display(description="state", ordering="closed_at")
     def state(self, obj: Stream) -> str:

@@ -1,13 +1,19 @@
 """Who may read a stream: the default rules for ``PGSTREAMS['AUTHORIZE']`` and
-``PGSTREAMS['DURABLE_AUTHORIZE']``, and the one lookup that the WebSocket consumer, the SSE view
-and ``{% stream_html %}`` all go through."""
+``PGSTREAMS['DURABLE_AUTHORIZE']``, the one lookup that the WebSocket consumer, the SSE view
+and ``{% stream_html %}`` all go through, and the user of an HTTP request as Django's middleware
+left it (``arequest_user``), which the endpoints read on the event loop."""
 
 from __future__ import annotations
 
 import uuid
+from functools import cache
+from types import CodeType
 from typing import Any
 
+from django.contrib.auth.middleware import AuthenticationMiddleware
 from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest
+from django.utils.functional import SimpleLazyObject, empty
 
 from . import conf
 from .exceptions import StreamNotFound
@@ -60,3 +66,42 @@ async def readable_stream(user: Any, stream_id: uuid.UUID) -> Stream:
         PermissionDenied: the AUTHORIZE callable said no.
     """
     return await _areadable_stream(user, stream_id)
+
+
+async def arequest_user(request: Any) -> Any:
+    """The request's user as Django's views see it, on the event loop: ``request.user`` as the
+    last middleware to set it left it (``RemoteUserMiddleware``, a token authentication: it wins,
+    as it does for every sync view); while it is still AuthenticationMiddleware's lazy user, not
+    yet loaded, ``await request.auser()``, Django's async load of that same user; another
+    middleware's lazy user, loaded on a thread. None without either.
+
+    ``request.auser()`` alone is not that user: Django's middleware that sign a user in set
+    ``request.user`` only (``RemoteUserMiddleware``'s async path even caches the anonymous user
+    in ``auser()`` before it does)."""
+    user = getattr(request, "user", None)
+    if not isinstance(user, SimpleLazyObject) or user._wrapped is not empty:
+        return user
+    auser = getattr(request, "auser", None)
+    if auser is not None and _setup_code(user) is _authentication_middleware_code():
+        return await auser()
+    return await _loaded(user)
+
+
+def _setup_code(user: SimpleLazyObject) -> CodeType | None:
+    return getattr(vars(user).get("_setupfunc"), "__code__", None)
+
+
+@cache
+def _authentication_middleware_code() -> CodeType | None:
+    """The code that loads the lazy user AuthenticationMiddleware sets, found by letting it set one."""
+    probe = HttpRequest()
+    probe.session = None  # it checks only that there is one; the user is never loaded here
+    AuthenticationMiddleware(lambda request: None).process_request(probe)
+    return _setup_code(probe.user)
+
+
+@lookups.wrap
+def _loaded(user: SimpleLazyObject) -> Any:
+    """A lazy user, loaded off the event loop (loading it may query)."""
+    _ = user.is_authenticated
+    return user

@@ -238,9 +238,12 @@ def begin_bounded_sql() -> str:
     return f"BEGIN; SELECT set_config('idle_in_transaction_session_timeout', '{_idle_ms()}', true)"
 
 
-def bound_idle(cursor: Any) -> None:
-    """Set the idle bound for the rest of the transaction open on ``cursor``'s connection."""
-    cursor.execute(_IDLE_BOUND_SQL, [_idle_ms()])
+def bound_idle(alias: str, cursor: Any) -> None:
+    """Set the idle bound for the rest of the transaction that ``transaction.atomic(alias)`` just
+    opened; not in a caller's transaction (an atomic block around ours): that one is the
+    caller's, and may sit idle as long as it likes."""
+    if len(connections[alias].atomic_blocks) == 1:
+        cursor.execute(_IDLE_BOUND_SQL, [_idle_ms()])
 
 
 def _idle_ms() -> str:

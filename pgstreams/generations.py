@@ -194,7 +194,7 @@ def take(stream_id: Any, *, using: str | None = None) -> Taken:
     sid = stream_uuid(stream_id)
     alias = using or conf.database()
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-        db.bound_idle(cursor)  # the row is locked from here: a stalled process holds it no longer
+        db.bound_idle(alias, cursor)  # the row is locked from here: a stalled process holds it no longer
         cursor.execute(_TAKE_SQL, [sid])
         row = cursor.fetchone()
         if row is None:
@@ -288,7 +288,7 @@ def take_over_expired(*, using: str | None = None, limit: int = 100) -> int:
     alias = using or conf.database()
     ended: list[tuple[uuid.UUID, str]] = []
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-        db.bound_idle(cursor)
+        db.bound_idle(alias, cursor)
         cursor.execute(_EXPIRED_SQL, [limit])
         rows = cursor.fetchall()
         for sid, value, last in rows:

@@ -4,7 +4,9 @@ thin wrappers over these functions.
 
 Pruning never touches an open stream, and each batch is one short transaction: a stream's
 ``next_offset`` is its number of chunks, so batches are sized without counting rows, and a stream
-larger than a batch has its chunks deleted in offset slices before its row goes.
+larger than a batch has its chunks deleted in offset slices before its row goes. A stream that
+forks were made of is kept as a tombstone that holds its path, as a Durable Streams DELETE keeps
+it, until its last fork goes.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 from django.db import connections, transaction
 from django.utils import timezone
 
-from . import conf
+from . import conf, db
 
 _AGE = re.compile(r"(\d+)\s*([smhdw])\Z")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
@@ -43,6 +45,25 @@ CANDIDATES_SQL = (
     " AND deleted_at IS NULL"
     " ORDER BY closed_at, id LIMIT %s"
 )
+
+
+_LOCK_SQL = "SELECT id FROM pgstreams_stream WHERE id = ANY(%s) AND closed_at < %s ORDER BY id FOR UPDATE"
+
+# The locked streams go with their chunks (the cascade takes them), but for those that forks were
+# made of: they stay as tombstones without chunks, keeping their paths, as a Durable Streams
+# DELETE leaves them (durable.store), until their last fork goes.
+_PRUNE_SQL = """
+WITH forked AS (
+    SELECT DISTINCT forked_from_id AS id FROM pgstreams_stream WHERE forked_from_id = ANY(%(ids)s)
+), kept AS (
+    UPDATE pgstreams_stream SET deleted_at = now() WHERE id IN (SELECT id FROM forked) RETURNING next_offset
+), emptied AS (
+    DELETE FROM pgstreams_chunk WHERE stream_id IN (SELECT id FROM forked)
+), gone AS (
+    DELETE FROM pgstreams_stream WHERE id = ANY(%(ids)s) AND id NOT IN (SELECT id FROM forked) RETURNING next_offset
+)
+SELECT next_offset FROM kept UNION ALL SELECT next_offset FROM gone
+"""
 
 
 @dataclass
@@ -72,7 +93,8 @@ def prune(
 ) -> Pruned:
     """Delete the streams closed before ``cutoff`` with their chunks, at most ``batch`` chunks
     per transaction; open streams and tombstones (deleted streams whose forks remain) are never
-    touched. Returns what was deleted."""
+    touched. A stream forks were made of leaves a tombstone, as a Durable Streams DELETE does, and
+    tombstones whose forks are all gone go at the end. Returns what was deleted."""
     if batch < 1:
         raise ValueError("batch must be at least 1")
     alias = using or conf.database()
@@ -82,7 +104,7 @@ def prune(
             cursor.execute(CANDIDATES_SQL, [cutoff, max(1, min(batch, 1000))])
             candidates = cursor.fetchall()
         if not candidates:
-            return done
+            break
         group, size = [], 0
         for stream_id, count in candidates:
             if group and size + count > batch:
@@ -92,16 +114,21 @@ def prune(
         if size > batch:  # one stream larger than a batch: its chunks go in slices first
             _delete_chunks_in_slices(alias, group[0], size, batch)
         with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-            # Still closed (a stream is never reopened) and still old: the cascade takes its chunks.
-            cursor.execute(
-                "DELETE FROM pgstreams_stream WHERE id = ANY(%s) AND closed_at < %s RETURNING next_offset",
-                [group, cutoff],
-            )
+            db.bound_idle(alias, cursor)  # a stopped pruner holds these rows no longer
+            # Still closed (a stream is never reopened) and still old, locked: a fork of one is
+            # made under its source's row lock, so the next statement sees every fork there is.
+            cursor.execute(_LOCK_SQL, [group, cutoff])
+            cursor.execute(_PRUNE_SQL, {"ids": [stream_id for (stream_id,) in cursor.fetchall()]})
             deleted = cursor.fetchall()
         done.streams += len(deleted)
         done.chunks += sum(n for (n,) in deleted)
         if progress:
             progress(done)
+    # Tombstones whose last fork this prune took (or an earlier one) go too.
+    from .durable.store import remove_orphan_tombstones  # not at import: models load later
+
+    remove_orphan_tombstones(alias)
+    return done
 
 
 def expired(using: str | None = None) -> int:

@@ -145,3 +145,30 @@ def test_the_stream_page_reads_its_text_in_one_query_however_many_chunks_are_emp
     pgstreams.write_many(sparse.id, [""] * 3000 + ["tail text"])
     queries(short.id)  # the first request also fills process-wide caches
     assert queries(sparse.id) == queries(short.id)
+
+
+def test_deleting_a_stream_with_forks_in_the_admin_leaves_a_tombstone_as_a_delete_does(staff: Client) -> None:
+    """The admin's delete (its page and its action) removed a source with forks outright, freeing
+    its path; a Durable Streams DELETE keeps it taken (410, and 409 for a PUT) until its forks go."""
+    from django.test import override_settings
+
+    endpoint = "/pgstreams/v1/stream/"
+    anyone = {"DURABLE_AUTHORIZE": "demo_project.chat.durable.allow_everything"}
+    with override_settings(PGSTREAMS=anyone):
+        for name in ("one", "two"):
+            staff.put(f"{endpoint}admin/{name}", "inherited", content_type="text/plain")
+            staff.put(f"{endpoint}admin/{name}-fork", headers={"Stream-Forked-From": f"admin/{name}"})
+    one, two = Stream.objects.get(path="admin/one"), Stream.objects.get(path="admin/two")
+    staff.post(reverse("admin:pgstreams_stream_delete", args=[one.pk]), {"post": "yes"})
+    url = reverse("admin:pgstreams_stream_changelist")
+    staff.post(url, {"action": "delete_selected", "_selected_action": [str(two.pk)], "post": "yes"})
+    for source in (one, two):
+        source.refresh_from_db()
+        assert source.deleted_at is not None and source.is_closed
+        assert not Chunk.objects.filter(stream_id=source.pk).exists()
+    with override_settings(PGSTREAMS=anyone):
+        assert staff.put(f"{endpoint}admin/one", content_type="text/plain").status_code == 409
+        assert staff.head(f"{endpoint}admin/two").status_code == 410
+        assert staff.get(f"{endpoint}admin/one-fork").content == b"inherited"
+        assert staff.delete(f"{endpoint}admin/one-fork").status_code == 204
+    assert not Stream.objects.filter(pk=one.pk).exists()  # the tombstone went with its last fork

@@ -77,6 +77,37 @@ async def test_a_websocket_client_without_an_origin_header_is_refused_403(demo_s
         assert refused.value.response.status_code == 403
 
 
+async def test_a_websocket_from_another_port_or_scheme_of_the_host_cannot_read_a_signed_in_users_stream(
+    demo_server: str,
+) -> None:
+    """Cookies are shared across a host's ports and schemes, so a page at http://127.0.0.1:4444
+    (or https://127.0.0.1) had the demo user's session on its WebSocket, and the Origin check
+    took the host alone. Now it matches scheme, host and port as Django's CSRF check does."""
+    from asgiref.sync import sync_to_async
+    from django.conf import settings
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    def session_of_the_demo_user() -> str:
+        client = Client()
+        client.force_login(get_user_model().objects.get(username=settings.DEMO_USERNAME))
+        return client.cookies[settings.SESSION_COOKIE_NAME].value
+
+    cookie = f"{settings.SESSION_COOKIE_NAME}={await sync_to_async(session_of_the_demo_user)()}"
+    user = await get_user_model().objects.aget(username=settings.DEMO_USERNAME)
+    s = await pgstreams.acreate_stream(owner=user)
+    await pgstreams.awrite(s.id, "private")
+    port = demo_server.rsplit(":", 1)[1]
+    url = f"ws://{demo_server}/ws/pgstreams/{s.id}/"
+    for origin in ("http://127.0.0.1:4444", "https://127.0.0.1", f"https://{demo_server}", f"http://localhost:{port}"):
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            async with websockets.connect(url, origin=origin, additional_headers={"Cookie": cookie}, open_timeout=10):
+                pass
+        assert refused.value.response.status_code == 403, origin
+    async with websockets.connect(url, origin=f"http://{demo_server}", additional_headers={"Cookie": cookie}) as ws:
+        assert json.loads(await asyncio.wait_for(ws.recv(), 10))["items"][0]["data"] == "private"
+
+
 def sign_in_and_ask(page, host: str, prompt: str) -> None:
     page.goto(f"http://{host}/")
     assert "sign in as" in page.inner_text("main")  # the login page says how

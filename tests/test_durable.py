@@ -500,13 +500,13 @@ async def test_a_stream_held_by_a_long_transaction_stalls_neither_refused_writes
 
 
 async def test_a_ttl_is_judged_by_the_databases_clock_and_a_refused_request_removes_nothing(monkeypatch) -> None:
-    """A stream with a TTL of 1 s written twice in one transaction 1.5 s apart is alive when it
-    commits (the write stamps its own moment, not the transaction's start); the application
-    server's clock plays no part; and a request the rule refuses never removes a stream, even an
-    expired one (an allowed one then does)."""
+    """A stream with a TTL of 2 s written twice in one transaction 1.5 s apart is alive 0.7 s
+    after it commits (the write stamps its own moment, not the transaction's start: by that it
+    would be 2.2 s past its last use); the application server's clock plays no part; and a request
+    the rule refuses never removes a stream, even an expired one (an allowed one then does)."""
     owner = await sync_to_async(get_user_model().objects.create_user)("owner", password="pw")
     await pgstreams.acreate_stream(path="ttl/long", owner=owner)
-    await Stream.objects.filter(path="ttl/long").aupdate(ttl=1)
+    await Stream.objects.filter(path="ttl/long").aupdate(ttl=2)
     stream = await Stream.objects.aget(path="ttl/long")
 
     def long_transaction() -> None:
@@ -516,13 +516,14 @@ async def test_a_ttl_is_judged_by_the_databases_clock_and_a_refused_request_remo
             pgstreams.write(stream.id, "b")
 
     await sync_to_async(long_transaction)()
+    await asyncio.sleep(0.7)
     anonymous, signed_in = AsyncClient(), AsyncClient()
     await signed_in.aforce_login(owner)
     assert (await anonymous.get(url("ttl/long"))).status_code == 403
     monkeypatch.setattr(timezone, "now", lambda: datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1))
     assert (await signed_in.get(url("ttl/long"))).content == b"ab"  # an hour ahead, by the app's clock
     monkeypatch.undo()
-    await asyncio.sleep(1.2)  # now expired, by the database's clock: as if there were no stream
+    await asyncio.sleep(2.2)  # now expired, by the database's clock: as if there were no stream
     assert (await anonymous.get(url("ttl/long"))).status_code == 403
     assert (await signed_in.get(url("ttl/long"))).status_code == 403  # the default rule reads no missing stream
     assert await Stream.objects.filter(path="ttl/long").aexists()  # refused: nothing removed

@@ -506,3 +506,27 @@ def test_a_source_that_fails_ends_the_answer_with_its_error_in_the_same_append()
         assert kinds(s) == ["start", "start-step", "text-start", "text-delta", "error"] and closed(s)
     finally:
         generations.stop_thread()
+
+
+def test_the_idle_bound_is_set_for_pgstreams_own_transaction_and_never_for_a_callers() -> None:
+    """take() inside the caller's atomic block leaves the caller's transaction as it was: a task
+    that holds one open across a model call must not have its session ended."""
+    from django.db import connection, transaction
+
+    def bound_after_take() -> str:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_setting('idle_in_transaction_session_timeout')")
+            return cursor.fetchone()[0]
+
+    try:
+        s = generations.start(count, N, DELAY, last="failed", queue_timeout=60)
+        with transaction.atomic():
+            generations.take(s.id)
+            assert bound_after_take() == "0"
+        with transaction.atomic(), connection.cursor() as cursor:
+            from pgstreams import db
+
+            db.bound_idle("default", cursor)  # our own transaction: bounded
+            assert bound_after_take() == f"{round(db.idle_bound() * 1000)}ms"
+    finally:
+        generations.stop_thread()

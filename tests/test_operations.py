@@ -213,6 +213,40 @@ def test_stream_closed_is_sent_after_commit_only() -> None:
         stream_closed.disconnect(receiver)
 
 
+FORKS_OPEN = {"DURABLE_AUTHORIZE": "demo_project.chat.durable.allow_everything"}
+
+
+def test_prune_leaves_a_tombstone_of_a_closed_stream_with_forks_as_a_delete_does() -> None:
+    """A closed source with a fork was deleted outright, freeing its path (a new stream could be
+    made there) where a Durable Streams DELETE keeps it taken while forks remain; the tombstone
+    goes with its last fork, at the same prune."""
+    from django.test import Client, override_settings
+
+    endpoint = "/pgstreams/v1/stream/"
+    client = Client()
+    with override_settings(PGSTREAMS=FORKS_OPEN):
+        client.put(f"{endpoint}pruned/source", "inherited", content_type="text/plain")
+        fork = client.put(f"{endpoint}pruned/fork", headers={"Stream-Forked-From": "pruned/source"})
+        assert fork.status_code == 201
+    source = Stream.objects.get(path="pruned/source")
+    pgstreams.close(source.id)
+    Stream.objects.filter(pk=source.pk).update(closed_at=timezone.now() - datetime.timedelta(days=30))
+    done = maintenance.prune(maintenance.parse_cutoff("7d"))
+    assert (done.streams, done.chunks) == (1, 1)
+    source.refresh_from_db()
+    assert source.deleted_at is not None and not Chunk.objects.filter(stream_id=source.pk).exists()
+    assert Stream.objects.get(path="pruned/fork").forked_from_id == source.pk
+    with override_settings(PGSTREAMS=FORKS_OPEN):
+        assert client.head(f"{endpoint}pruned/source").status_code == 410
+        assert client.put(f"{endpoint}pruned/source", content_type="text/plain").status_code == 409
+    assert client.get(f"{endpoint}pruned/fork").content == b"inherited"
+    fork = Stream.objects.get(path="pruned/fork")
+    pgstreams.close(fork.id)
+    Stream.objects.filter(pk=fork.pk).update(closed_at=timezone.now() - datetime.timedelta(days=30))
+    assert maintenance.prune(maintenance.parse_cutoff("7d")).streams == 1
+    assert not Stream.objects.filter(path__startswith="pruned/").exists()  # the tombstone went with its fork
+
+
 def test_tail_of_a_stream_whose_first_chunks_were_pruned_says_where_to_resume() -> None:
     """It printed a ChunksPruned traceback: now a CommandError naming the first offset still
     held and the --from that reads from there, which then prints the rest."""

@@ -519,3 +519,25 @@ async def test_requests_made_up_by_hypothesis_answer_alike(
         for side in project.sides.values():
             side.cookies.update(COOKIES[name] for name in sorted(cookies) if COOKIES[name] is not None)
         await project.agree(method, path + query, dict(headers), body)
+
+
+async def test_a_write_with_credentials_a_browser_sends_by_itself_is_csrf_checked_both_ways() -> None:
+    """A browser sends Negotiate, NTLM, Basic and Digest credentials by itself, also in a request
+    that a page of another site makes: such a write is checked as Django checks a form's POST
+    (here refused, 403: no CSRF cookie), both ways. A Bearer token is its client's own: not
+    checked, nor is a request that carries nothing of anyone's. No cookie in any of them."""
+    cross_site = {"Origin": "http://elsewhere.example"}
+    with override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": "demo_project.chat.durable.allow_everything"}):
+        for credentials in ("Negotiate YIIB", "NTLM TlRMTVNTUAAB", "Basic dXNlcjpwdw==", 'Digest username="u"'):
+            scheme = credentials.split()[0]
+            ambient = {"Authorization": credentials, **cross_site}
+            project = Project()
+            await project.every_verb(f"ambient/{scheme}", extra=ambient)
+            refused = await project.agree("PUT", f"{ENDPOINT}ambient/{scheme}/{{side}}/x", {**TEXT, **ambient})
+            assert refused.status_code == 403 and "CSRF" in refused.text, scheme
+            assert not any(side.cookies for side in project.sides.values())
+        for extra in ({"Authorization": "Bearer a-token"}, {}):
+            made = await Project().agree(
+                "PUT", f"{ENDPOINT}ambient/{len(extra)}/{{side}}/x", {**TEXT, **cross_site, **extra}
+            )
+            assert made.status_code == 201, made.text

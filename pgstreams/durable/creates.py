@@ -28,6 +28,7 @@ from django.db.models.functions import Now
 from django.db.models.signals import post_save, pre_save
 
 from .. import appender, batch, conf, notify, threads
+from ..auth import arequest_user
 from ..exceptions import StreamError
 from ..models import Stream, media_type
 from ..types import Mark
@@ -296,12 +297,12 @@ async def plain(request: Any, path: str, wanted: Wanted, body: bytes) -> State |
 async def _asked(request: Any, path: str) -> tuple[Any, bool]:
     """The stream's owner (the signed-in user, or None), and whether the rule allows a create at
     ``path`` where there is no stream: an ``async def`` rule on the event loop, any other on a
-    reading thread."""
+    reading thread. The owner is the same user either way, and as the long way finds it:
+    ``request.user`` as the middleware left it (``auth.arequest_user``)."""
     rule = conf.durable_authorize()
-    auser = getattr(request, "auser", None)  # what AuthenticationMiddleware gives, and the shortcut
-    if not iscoroutinefunction(rule) or auser is None:
+    if not iscoroutinefunction(rule):
         return await _ask(request, path)
-    return _owner(await auser()), await aallowed(rule, request, "create", path, None)
+    return _owner(await arequest_user(request)), await aallowed(rule, request, "create", path, None)
 
 
 @threads.durable.wrap
@@ -311,7 +312,7 @@ def _ask(request: Any, path: str) -> tuple[Any, bool]:
 
 def _owner(user: Any) -> Any:
     """``user`` if signed in, else None. It loads a lazy user: call it off the event loop, or with
-    a user loaded already."""
+    a user loaded already (``auth.arequest_user``'s)."""
     return user if user is not None and user.is_authenticated else None
 
 

@@ -29,7 +29,7 @@ from typing import Any, Literal
 from asgiref.sync import async_to_sync
 from django.db import OperationalError, connections, transaction
 
-from .. import appender, conf, leases
+from .. import appender, conf, db, leases
 from ..batch import EXPIRY_PASSED
 from ..models import Stream, is_text, media_type
 from ..types import Mark
@@ -234,6 +234,7 @@ def _remove_if_expired(alias: str, stream_id: uuid.UUID) -> bool:
     """Remove the stream if its expiry has passed, checked under its row lock; a stream whose row
     another transaction holds is being used, and stays."""
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        db.bound_idle(alias, cursor)
         cursor.execute(
             f"SELECT 1 FROM pgstreams_stream WHERE id = %s AND {_EXPIRED} FOR NO KEY UPDATE SKIP LOCKED",  # constants
             [stream_id],
@@ -286,6 +287,17 @@ def _remove(alias: str, stream: Stream) -> None:
                 if parent
                 else None
             )
+
+
+def remove(alias: str, stream_id: uuid.UUID) -> bool:
+    """Delete a stream as a DELETE request does (a tombstone while forks of it remain), in a
+    transaction of its own, under its row lock; False if there was none. For the admin."""
+    with transaction.atomic(using=alias):
+        stream = Stream.objects.using(alias).select_for_update(no_key=True).filter(pk=stream_id).first()
+        if stream is None:
+            return False
+        _remove(alias, stream)
+        return True
 
 
 # Streams whose expiry has passed, by the database's clock.

@@ -25,9 +25,11 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.urls import reverse
+from django.utils.encoding import escape_uri_path
 from django.views.decorators.csrf import csrf_exempt
 
 from .. import conf, db, delivery, leases, metrics, threads
+from ..auth import arequest_user
 from ..exceptions import ChunksPruned, ReadTimeout, StreamNotFound
 from ..reader import afollow
 from ..types import StreamChunk
@@ -68,13 +70,14 @@ _read = threads.durable.wrap(store.read)
 _csrf_check = threads.durable.wrap(CsrfViewMiddleware(lambda r: HttpResponse()).process_view)
 
 
-@csrf_exempt  # checked below, for requests that carry a browser's credentials
+@csrf_exempt  # checked below, for every request that may carry someone's authority
 async def stream(request: HttpRequest, path: str) -> HttpResponseBase:
     try:
         name = wire.stream_path(path)
         if request.method == "OPTIONS":
             response: HttpResponseBase = _preflight()
         else:
+            _check_destination(request)
             refused = await _csrf_refusal(request)
             if refused is not None:
                 return _secured(refused)
@@ -122,17 +125,53 @@ async def _handle(request: HttpRequest, name: str) -> HttpResponseBase:
 
 
 async def _csrf_refusal(request: HttpRequest) -> HttpResponseBase | None:
-    """Django's CSRF check for a writing request that carries what a browser sends by itself
-    (cookies, or HTTP Basic or Digest credentials), which a page of another site could make it
-    send; a request with neither (an API client with a token) has no such authority to misuse.
-    The body is read first, so that the check never parses it as a form."""
+    """Django's CSRF check (CsrfViewMiddleware's own, so its answer is Django's) for every
+    writing request but those no page of another site can make a browser send with someone's
+    authority: without a cookie, and with either a token in ``Authorization`` (a scheme a browser
+    never sends by itself: ``Bearer``, ``Token``...) or nothing that identifies anyone (no
+    ``Authorization``, and nobody signed in by the project's middleware). So a user signed in by
+    a cookie, by HTTP authentication (Basic, Digest, Negotiate, NTLM) or by a front proxy's
+    header (``RemoteUserMiddleware``) is checked as a form's POST is. The body is read first, so
+    that the check never parses it as a form."""
     if request.method in ("GET", "HEAD"):
         return None
-    authorization = _Headers(request).get("Authorization", "").split(" ", 1)[0].lower()
-    if not request.COOKIES and authorization not in ("basic", "digest"):
-        return None
+    scheme = ((_Headers(request).get("Authorization") or "").split(None, 1) or [""])[0].lower()
+    if not request.COOKIES and scheme not in _AMBIENT_SCHEMES:
+        if scheme or not _signed_in(await arequest_user(request)):
+            return None
     _body(request)
     return await _csrf_check(request, None, (), {})
+
+
+# The Authorization schemes a browser sends by itself once a site has asked for them, also in
+# requests that a page of another site makes it send.
+_AMBIENT_SCHEMES = frozenset({"basic", "digest", "negotiate", "ntlm"})
+
+
+def _signed_in(user: Any) -> bool:
+    return user is not None and bool(user.is_authenticated)
+
+
+# Where a browser may use a stream's body (Sec-Fetch-Dest): as data (fetch, EventSource, a JSON
+# module), as a document of its own (a tab, a frame, an object: sandboxed by the CSP every answer
+# carries), as media. Never as a script, a worker, a style sheet, an XSLT or a manifest of a page:
+# a stream's content type is its creator's (text/javascript, text/css), and a page of this site
+# would run or apply it as the site's own, whatever its CSP allows of 'self'.
+_DESTINATIONS = frozenset(
+    {"empty", "json", "document", "iframe", "frame", "object", "embed", "image", "audio", "video", "track", "font"}
+)
+
+
+def _check_destination(request: HttpRequest) -> None:
+    """Refuse (403) a request a browser makes to load a stream as a script, a style sheet or the
+    like (its ``Sec-Fetch-Dest``); other clients send no such header."""
+    destination = _Headers(request).get("Sec-Fetch-Dest")
+    if destination is not None and destination.lower() not in _DESTINATIONS:
+        raise Refused(
+            403,
+            f"a stream is data, never a page's {destination[:40]!r} (Sec-Fetch-Dest): its content type is its "
+            "creator's choice; read it with fetch() or EventSource",
+        )
 
 
 class _Headers:
@@ -199,7 +238,9 @@ def _body(request: HttpRequest) -> bytes:
     limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
     too_big = Refused(413, f"the body is over {limit} bytes (settings.DATA_UPLOAD_MAX_MEMORY_SIZE); send it in parts")
     length = request.META.get("CONTENT_LENGTH") or "0"
-    if limit is not None and length.isdigit() and int(length) > limit:
+    if not wire.digits(length):
+        raise Refused(400, f"Content-Length {length[:40]!r} is not a number of bytes")
+    if limit is not None and (len(length) > 18 or int(length) > limit):
         raise too_big
     try:
         return request.body
@@ -261,8 +302,15 @@ async def _put(request: HttpRequest, name: str) -> HttpResponse:
     response = _empty(201 if created else 200)
     _describe(response, state)
     if created:
-        response["Location"] = request.build_absolute_uri(request.path)
+        response["Location"] = _location(request)
     return response
+
+
+def _location(request: HttpRequest) -> str:
+    """The URL of the stream a request created: its own, with its path escaped (a name's ``?``,
+    ``#`` or ``%`` would end the path or name another stream) and taken as it is (not resolved
+    against anything: ``build_absolute_uri`` reads a query and a fragment in it)."""
+    return f"{request.scheme}://{request.get_host()}{escape_uri_path(request.path)}"
 
 
 async def _post(request: HttpRequest, name: str) -> HttpResponse:

@@ -40,6 +40,9 @@ _RFC3339 = re.compile(
 _CONTENT_TYPE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+/[!#$%&'*+.^_`|~0-9A-Za-z-]+( *;[ -~]*)?\Z")
 JS_SAFE: Final = 2**53 - 1
 
+# ASCII digits: a Content-Length; a cursor this server gave (at most 19 of them).
+_DIGITS = re.compile(r"[0-9]+\Z")
+_CURSOR = re.compile(r"[0-9]{1,19}\Z")
 # Cursors count 20-second intervals from 2024-10-09 00:00 UTC (the protocol's defaults).
 _CURSOR_EPOCH: Final = datetime.datetime(2024, 10, 9, tzinfo=datetime.UTC).timestamp()
 _CURSOR_INTERVAL: Final = 20
@@ -83,7 +86,15 @@ def read_offset(values: list[str]) -> str:
 
 
 def stream_path(name: str) -> str:
-    """A stream's path from its URL, checked (``models.path_problem``)."""
+    """A stream's path from its URL, checked (``models.path_problem``), and text that UTF-8 can
+    hold (no lone surrogate, which an ASGI application may be handed but the database refuses)."""
+    if not name.isascii():
+        try:
+            name.encode()
+        except UnicodeEncodeError:
+            raise Refused(
+                400, "a stream path must be text without lone surrogates; percent-encode it as UTF-8"
+            ) from None
     problem = path_problem(name)
     if problem is not None:
         raise Refused(404 if name.startswith("__ds/") else 400, problem)
@@ -209,9 +220,14 @@ def pieces(data: str | bytes, limit: int) -> Iterator[str | bytes]:
 def cursor(given: str | None) -> str:
     """A live response's Stream-Cursor: the current interval, and always past the client's."""
     now = int((time.time() - _CURSOR_EPOCH) // _CURSOR_INTERVAL)
-    if given is not None and given.isdigit() and len(given) < 20 and int(given) >= now:
+    if given is not None and _CURSOR.match(given) and int(given) >= now:
         return str(int(given) + 1 + _random.randrange(3600) // _CURSOR_INTERVAL)
-    return str(now)
+    return str(now)  # a cursor this server did not give keys nothing here (as the reference server)
+
+
+def digits(text: str) -> bool:
+    """Whether ``text`` is ASCII digits only (``str.isdigit`` takes ``²``, which ``int`` refuses)."""
+    return _DIGITS.match(text) is not None
 
 
 def etag(stream_id: uuid.UUID, start: int, end: int, closed: bool) -> str:
