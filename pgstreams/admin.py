@@ -86,13 +86,22 @@ class StreamAdmin(admin.ModelAdmin):
         return may_view_all(request.user) and super().has_delete_permission(request, obj)
 
     def delete_model(self, request: HttpRequest, obj: Stream) -> None:
-        """As a Durable Streams DELETE: a stream forks were made of stays as a tombstone that
-        keeps its path until its last fork goes; its readers learn it is gone."""
-        remove(obj._state.db or conf.database(), obj.pk)
+        """Django's delete (the project's objects that point at the stream go as its delete page
+        said), but for a stream forks were made of: that stays as a tombstone that keeps its
+        path until its last fork goes, as after a Durable Streams DELETE."""
+        alias = obj._state.db or conf.database()
+        if Stream.objects.using(alias).filter(forked_from=obj.pk).exists():
+            remove(alias, obj.pk)
+        else:
+            super().delete_model(request, obj)
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Stream]) -> None:
-        for stream_id in queryset.values_list("pk", flat=True):
+        forked = set(
+            Stream.objects.using(queryset.db).filter(forked_from__in=queryset).values_list("forked_from", flat=True)
+        )
+        for stream_id in forked:
             remove(queryset.db, stream_id)
+        super().delete_queryset(request, queryset.exclude(pk__in=forked))
 
     @admin.display(description="state", ordering="closed_at")
     def state(self, obj: Stream) -> str:

@@ -82,7 +82,8 @@ async def arequest_user(request: Any) -> Any:
     if not isinstance(user, SimpleLazyObject) or user._wrapped is not empty:
         return user
     auser = getattr(request, "auser", None)
-    if auser is not None and _setup_code(user) is _authentication_middleware_code():
+    code = _setup_code(user)
+    if auser is not None and code is not None and code is _authentication_middleware_code():
         return await auser()
     return await _loaded(user)
 

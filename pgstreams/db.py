@@ -235,7 +235,7 @@ def idle_bound() -> float:
 def begin_bounded_sql() -> str:
     """``BEGIN`` and the idle bound, as one simple query: no round trip more than BEGIN's (no
     parameter either: the value is the code's, not a user's)."""
-    return f"BEGIN; SELECT set_config('idle_in_transaction_session_timeout', '{_idle_ms()}', true)"
+    return "BEGIN; " + _IDLE_BOUND_SQL.replace("%s", f"'{_idle_ms()}'")
 
 
 def bound_idle(alias: str, cursor: Any) -> None:

@@ -1,5 +1,6 @@
 """Generations: a stream written by a task of Django's Tasks API, which another worker takes over
-when the one writing it dies or stalls, so that an answer outlives its worker.
+when the one writing it dies or stops (or, given a ``stall`` time, hangs), so that an answer
+outlives its worker.
 
 ``start()`` creates the stream and enqueues its task in one transaction: a stream is never
 without its task, nor a task without its stream (the task backend must keep its tasks in
@@ -10,8 +11,8 @@ it gets the chunks stored so far, to go on from there; and the ``Taken`` it retu
 lease on the stream while the task writes through it.
 
 Each process that started or took a generation runs one generations thread, on one connection:
-it renews the leases of the generations the process writes while they make progress (a write
-within ``stall`` seconds), and looks for generations whose lease ran out. The first to look
+it renews the leases of the generations the process writes (while they make progress, a write
+within ``stall`` seconds, for those started with one), and looks for generations whose lease ran out. The first to look
 takes one over (``FOR UPDATE SKIP LOCKED``: one process, once): it counts an attempt, fences
 the run that held it (a new producer epoch: its writes and renewals are refused from then on)
 and enqueues the task again, in one transaction, the lease then counting the time the task may
@@ -20,8 +21,9 @@ after ``take()``) gives the lease up as its task finishes (the Tasks API's ``tas
 signal), so the next look takes it over at once. After its last attempt a generation ends with
 its ``last`` chunk. A closed stream (finished, stopped) is never taken nor taken over.
 
-A stalled process holds a generation's row at most ``db.IDLE_BOUND`` (half of QUERY_TIMEOUT):
-every transaction that locks it ends the session of a client that leaves it idle that long.
+A stalled process holds a generation's row at most ``db.idle_bound()`` (half of QUERY_TIMEOUT):
+each transaction of pgstreams' own that locks it (the appender's, ``take()``'s, a takeover's)
+ends the session of a client that leaves it idle that long.
 
 Not here: what the task writes (the project's), running the tasks (the task backend's workers),
 and who may read the stream.
@@ -45,7 +47,7 @@ from django.db import DatabaseError, connections, transaction
 from django.utils.module_loading import import_string
 
 from . import appends, conf, contents, db, leases, producers
-from .exceptions import StreamClosed, StreamError, StreamNotFound
+from .exceptions import OutcomeUnknown, StreamClosed, StreamError, StreamNotFound
 from .models import Stream
 from .process import PerProcess
 from .types import Producer, stream_uuid
@@ -58,7 +60,6 @@ KEY: Final = "pgstreams_generation"
 PRODUCER: Final = "pgstreams-generation"  # the producer id every writer of a generation writes as
 ATTEMPTS: Final = 3  # runs of a generation's task at most, by default: its first and two takeovers
 LEASE: Final = 10.0  # seconds a taken generation is kept for its writer without a renewal
-STALL: Final = 120.0  # seconds a run may go without a write before its lease is no longer renewed
 QUEUE_TIMEOUT: Final = 600.0  # seconds an enqueued attempt may wait for a worker, by default
 TAKEOVER_INTERVAL: Final = 1.0  # seconds between a process's looks for generations to take over
 RETRY: Final = 0.5  # seconds before a failed lease renewal is tried again, at most
@@ -70,13 +71,18 @@ _EXPIRED_SQL: Final = (
     " AND (metadata->'pgstreams_lease'->>'until')::float8 < extract(epoch FROM now())"
     " ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED"
 )
-# A takeover: one attempt more, its task's result, the epoch that fences the run before, and the
-# lease the time the new attempt may wait for a worker.
+# A takeover: one attempt more, the epoch that fences the run before, and the lease the time the
+# new attempt may wait for a worker.
 _NEXT_ATTEMPT_SQL: Final = (
     "UPDATE pgstreams_stream SET metadata = jsonb_set(metadata, '{pgstreams_lease,until}',"
     " to_jsonb(extract(epoch FROM now()) + %s)) || jsonb_build_object('pgstreams_generation',"
     " metadata->'pgstreams_generation' || jsonb_build_object("
-    "'attempt', (metadata->'pgstreams_generation'->>'attempt')::int + 1, 'result', %s::text, 'epoch', %s::bigint))"
+    "'attempt', (metadata->'pgstreams_generation'->>'attempt')::int + 1, 'epoch', %s::bigint))"
+    " WHERE id = %s"
+)
+# The task result of the attempt just enqueued: the run whose end gives the lease up (_GIVE_UP_SQL).
+_RESULT_SQL: Final = (
+    "UPDATE pgstreams_stream SET metadata = jsonb_set(metadata, '{pgstreams_generation,result}', to_jsonb(%s::text))"
     " WHERE id = %s"
 )
 # A take: the stream's row, locked, and its generation.
@@ -109,7 +115,7 @@ def start(
     attempts: int = ATTEMPTS,
     lease: float = LEASE,
     queue_timeout: float = QUEUE_TIMEOUT,
-    stall: float | None = STALL,
+    stall: float | None = None,
     stream: dict[str, Any] | None = None,
     using: str | None = None,
     **kwargs: Any,
@@ -125,9 +131,10 @@ def start(
         lease: seconds a writer may go without renewing its lease (``Taken`` renews it a third
             of that apart) before the generation is taken over.
         queue_timeout: seconds an attempt may wait for a worker before it counts as failed.
-        stall: seconds a run may go without writing (or calling ``Taken.renew()``) before its
-            lease is left to run out, so that a run stuck in a model call is taken over; None
-            watches only that the run's process is alive.
+        stall: seconds a run may go without writing (or calling ``Taken.progress()``) before
+            its lease is left to run out, so that a run stuck in a model call is taken over
+            (give it more than the model's longest wait for its first token); None, by
+            default, watches only that the run's process is alive.
         stream: ``create_stream()``'s arguments (owner, label, content_type, path...).
 
     Raises:
@@ -159,14 +166,15 @@ def start(
         made = create_stream(using=alias, **(stream or {}))
         # Its last chunk ends the stream one day, in another process: refused now if it cannot.
         contents.check_fits(contents.kind_of(made.content_type), last, made.id)
-        generation["result"] = str(task.enqueue(str(made.id), *args, **kwargs).id)
         with connections[alias].cursor() as cursor:
             cursor.execute(
                 "UPDATE pgstreams_stream SET metadata = metadata || jsonb_build_object(%s::text, %s::jsonb)"
                 " WHERE id = %s",
                 [KEY, json.dumps(generation), made.id],
             )
-        leases.renew(made.id, queue_timeout, last, using=alias)
+            leases.renew(made.id, queue_timeout, last, using=alias)
+            # Last: a backend that runs the task at once (ImmediateBackend) finds it ready.
+            cursor.execute(_RESULT_SQL, [str(task.enqueue(str(made.id), *args, **kwargs).id), made.id])
     _thread.get()  # this process looks for takeovers from now on
     return made
 
@@ -205,16 +213,13 @@ def take(stream_id: Any, *, using: str | None = None) -> Taken:
         if generation is None:
             raise ValueError(f"stream {sid} is not a generation (pgstreams.generations.start() makes them)")
         generation = json.loads(generation) if isinstance(generation, str) else generation
-        cursor.execute(_EPOCH_SQL, [sid, PRODUCER])
-        previous = cursor.fetchone()
-        epoch = 0 if previous is None else previous[0] + 1
-        producers.save(cursor, sid, Producer(PRODUCER, epoch, -1))  # fences every earlier writer
+        epoch = _fence(cursor, sid)
         cursor.execute(_TAKEN_SQL, [epoch, sid])
         cursor.execute(_RENEW_SQL, [generation["lease"], sid, epoch])
         cursor.execute('SELECT data FROM pgstreams_chunk WHERE stream_id = %s ORDER BY "offset"', [sid])
         chunks = [data for (data,) in cursor.fetchall()]
     _thread.get()  # this process looks for takeovers from now on
-    stall = generation.get("stall", STALL)
+    stall = generation.get("stall")
     return Taken(sid, alias, epoch, generation["attempt"], float(generation["lease"]), stall, chunks)
 
 
@@ -240,15 +245,27 @@ class Taken:
         self.chunks = chunks
         self.progressed_at = time.monotonic()
         self._seq = 0
+        self._unknown: tuple[str, bool] | None = None  # a write whose outcome is unknown: (data, close)
         self._holder: _Thread | None = None
 
     def write(self, data: str, *, close: bool = False) -> int | None:
-        """Append ``data`` (and close the stream with it, with ``close``); its offset. After
-        OutcomeUnknown, write the same ``data`` again: it is stored once (its producer seq
-        moves on only once it is written)."""
+        """Append ``data`` (and close the stream with it, with ``close``); its offset (None for
+        a write sent again that had been stored). After OutcomeUnknown, write the same ``data``
+        again: it is stored once; anything else raises StreamError, since it would take the
+        place of a write that may have been stored."""
+        if self._unknown is not None and self._unknown != (data, close):
+            raise StreamError(
+                f"the last write to generation {self.stream_id} may or may not have been stored (OutcomeUnknown): "
+                "write the same data again first, or let the run end and be taken over"
+            )
         producer = Producer(PRODUCER, self.epoch, self._seq)
-        offset = appends.append(self.stream_id, data, close=close, producer=producer, using=self.alias)
-        self._seq += 1
+        try:
+            offset = appends.append(self.stream_id, data, close=close, producer=producer, using=self.alias)
+        except OutcomeUnknown:
+            self._unknown = (data, close)
+            raise
+        self._unknown = None
+        self._seq += 1  # only once written: a refused write takes no place in the sequence
         self.progressed_at = time.monotonic()
         return offset
 
@@ -299,11 +316,10 @@ def take_over_expired(*, using: str | None = None, limit: int = 100) -> int:
                 continue
             try:
                 with transaction.atomic(using=alias):  # a savepoint: one that fails leaves the others
-                    result = import_string(generation["task"]).enqueue(
-                        str(sid), *generation["args"], **generation["kwargs"]
-                    )
-                    epoch = _fence(cursor, sid)
-                    cursor.execute(_NEXT_ATTEMPT_SQL, [generation["queue_timeout"], str(result.id), epoch, sid])
+                    task = import_string(generation["task"])
+                    cursor.execute(_NEXT_ATTEMPT_SQL, [generation["queue_timeout"], _fence(cursor, sid), sid])
+                    result = task.enqueue(str(sid), *generation["args"], **generation["kwargs"])
+                    cursor.execute(_RESULT_SQL, [str(result.id), sid])
             except DatabaseError:
                 raise  # the look fails, and the next one tries again
             except Exception:  # not importable here (another project's task, say): left to one that can
@@ -359,7 +375,8 @@ def _task_finished(sender: Any, task_result: Any, **kwargs: Any) -> None:
     try:
         if give_up(sid, task_result.id):
             logger.warning("pgstreams: the run of generation %s ended without ending it; taken over next", sid)
-    except DatabaseError:  # the look finds it when its lease runs out
+    except Exception:  # never raised to the worker, which would count the task failed; the look
+        # finds the generation once its lease runs out
         logger.warning("pgstreams: could not give up the lease of generation %s", sid, exc_info=True)
 
 

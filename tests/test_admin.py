@@ -172,3 +172,18 @@ def test_deleting_a_stream_with_forks_in_the_admin_leaves_a_tombstone_as_a_delet
         assert staff.get(f"{endpoint}admin/one-fork").content == b"inherited"
         assert staff.delete(f"{endpoint}admin/one-fork").status_code == 204
     assert not Stream.objects.filter(pk=one.pk).exists()  # the tombstone went with its last fork
+
+
+def test_deleting_a_stream_in_the_admin_deletes_what_points_at_it_as_its_delete_page_says(staff: Client) -> None:
+    """A stream a project's model points at (the demo's Conversation, CASCADE) goes with it, from
+    its page and from the action: a tombstone's raw delete once failed at the commit."""
+    from demo_project.chat.models import Conversation
+
+    user = get_user_model().objects.create_user("asker")
+    turns = [Conversation.objects.create(user=user, prompt=f"p{i}", stream=pgstreams.create_stream()) for i in range(2)]
+    first, second = (turn.stream_id for turn in turns)
+    assert staff.post(reverse("admin:pgstreams_stream_delete", args=[first]), {"post": "yes"}).status_code == 302
+    url = reverse("admin:pgstreams_stream_changelist")
+    staff.post(url, {"action": "delete_selected", "_selected_action": [str(second)], "post": "yes"})
+    assert not Stream.objects.filter(pk__in=[first, second]).exists()
+    assert not Conversation.objects.filter(user=user).exists()

@@ -534,6 +534,12 @@ async def test_a_client_that_reads_nothing_is_refused_and_given_up_not_held_for_
     with consumers_serving("uvicorn", env=env) as host:
         client = await asyncio.to_thread(RawWebSocket, host, f"/ws/pgstreams/{s.id}/")  # reads nothing
         try:
+            for _ in range(100):  # bounded: 10 s for the consumer to count its client
+                if (await held_by(host))["clients"] == 1:
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                raise AssertionError("the server never counted the client")
             assert await released(host) == {"pumps": 0, "clients": 0, "readers": 0}
         finally:
             client.close()
