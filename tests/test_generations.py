@@ -558,4 +558,3 @@ def test_a_write_whose_outcome_is_unknown_is_sent_again_as_it_was_and_stored_onc
         assert texts(s) == ["0 ", "1 ", "end"]
     finally:
         generations.stop_thread()
-
