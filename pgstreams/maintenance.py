@@ -24,19 +24,40 @@ from . import conf, db
 
 _AGE = re.compile(r"(\d+)\s*([smhdw])\Z")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 def parse_cutoff(value: str, now: datetime.datetime | None = None) -> datetime.datetime:
-    """``7d``, ``12h``, ``30m``, ``2w``, ``45s`` ago, or an ISO 8601 date or datetime."""
+    """``7d``, ``12h``, ``30m``, ``2w``, ``45s`` ago, or an ISO 8601 date or datetime; in UTC.
+
+    Raises:
+        ValueError: neither, an age that reaches back before the year 1 (saying the largest
+            one accepted), or a date outside the years 1 to 9999 in UTC (PostgreSQL refuses a
+            UTC offset of 16 hours or more, so the cutoff is sent in UTC).
+    """
     now = now or timezone.now()
-    found = _AGE.match(value.strip())
-    if found:
-        return now - datetime.timedelta(**{_UNITS[found.group(2)]: int(found.group(1))})
+    text = value.strip()
+    shown = repr(text if len(text) <= 40 else f"{text[:40]}...")
+    if found := _AGE.match(text):
+        unit = found.group(2)
+        largest = int((now - datetime.datetime.min.replace(tzinfo=datetime.UTC)).total_seconds()) // _UNIT_SECONDS[unit]
+        # A count of more digits than int() reads, or one past the year 1: the same answer.
+        if len(found.group(1)) > len(str(largest)) or int(found.group(1)) > largest:
+            raise ValueError(
+                f"{shown} reaches back before the year 1: the largest age accepted is {largest}{unit}; "
+                "give a smaller age or an ISO date"
+            )
+        return now - datetime.timedelta(**{_UNITS[unit]: int(found.group(1))})
     try:
-        moment = datetime.datetime.fromisoformat(value.strip())
+        moment = datetime.datetime.fromisoformat(text)
     except ValueError:
-        raise ValueError(f"{value!r} is neither an age like 7d, 12h, 30m, 2w nor an ISO date") from None
-    return moment if timezone.is_aware(moment) else timezone.make_aware(moment, datetime.UTC)
+        raise ValueError(f"{shown} is neither an age like 7d, 12h, 30m, 2w nor an ISO date") from None
+    try:
+        return (moment if timezone.is_aware(moment) else timezone.make_aware(moment, datetime.UTC)).astimezone(
+            datetime.UTC
+        )
+    except OverflowError:
+        raise ValueError(f"{shown} falls outside the years 1 to 9999 in UTC") from None
 
 
 # The oldest closed streams first, read from the partial index on (closed_at, id).

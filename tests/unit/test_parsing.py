@@ -31,3 +31,19 @@ def test_parse_cutoff() -> None:
     assert maintenance.parse_cutoff("2026-01-02").isoformat() == "2026-01-02T00:00:00+00:00"
     with pytest.raises(ValueError, match="neither an age"):
         maintenance.parse_cutoff("soon")
+
+
+@pytest.mark.parametrize("value", ["99999999999d", "999999999d", "9999999999999999999999w", "9" * 5000 + "s"])
+def test_an_age_before_the_year_1_is_a_value_error_that_says_the_largest_accepted(value: str) -> None:
+    """It was an OverflowError (or int()'s digit limit) for any caller of parse_cutoff."""
+    now = timezone.now()
+    with pytest.raises(ValueError, match="the largest age accepted is") as refused:
+        maintenance.parse_cutoff(value, now)
+    largest = str(refused.value).split("the largest age accepted is ")[1].split(";")[0]
+    maintenance.parse_cutoff(largest, now)  # accepted, as said
+
+
+def test_a_cutoff_is_in_utc_and_one_outside_its_years_is_a_value_error() -> None:
+    assert maintenance.parse_cutoff("2026-01-02T00:00+20:00").isoformat() == "2026-01-01T04:00:00+00:00"
+    with pytest.raises(ValueError, match="outside the years 1 to 9999 in UTC"):
+        maintenance.parse_cutoff("9999-12-31T23:00-01:00")

@@ -6,50 +6,20 @@ before the year 1, ends it with a CommandError that says what is accepted."""
 from __future__ import annotations
 
 import datetime
-import re
 import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
-from django.utils import timezone
 
 from pgstreams import maintenance
 
-# An age as maintenance.parse_cutoff reads it (7d, 12h): only to say how large one may be.
-_AGE = re.compile(r"\d+\s*([smhdw])\Z")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
 
 def _cutoff(value: str) -> datetime.datetime:
-    """``value`` as ``maintenance.parse_cutoff`` reads it, in UTC, or a CommandError saying why not."""
+    """``value`` as ``maintenance.parse_cutoff`` reads it, or a CommandError saying why not."""
     try:
-        cutoff = maintenance.parse_cutoff(value)
-    except OverflowError:
-        raise CommandError(_too_far_back(value)) from None
+        return maintenance.parse_cutoff(value)
     except ValueError as exc:
-        if _AGE.match(value.strip()):  # an age of more digits than Python reads as a number
-            raise CommandError(_too_far_back(value)) from None
-        raise CommandError(str(exc)) from None
-    try:
-        return cutoff.astimezone(datetime.UTC)  # PostgreSQL refuses UTC offsets of 16 hours or more
-    except OverflowError:
-        raise CommandError(f"--closed-before {_shown(value)} falls outside the years 1 to 9999 in UTC") from None
-
-
-def _too_far_back(value: str) -> str:
-    found = _AGE.match(value.strip())
-    unit = found.group(1) if found else "d"
-    reach = timezone.now() - datetime.datetime.min.replace(tzinfo=datetime.UTC)
-    largest = int(reach.total_seconds()) // _UNIT_SECONDS[unit]
-    return (
-        f"--closed-before {_shown(value)} reaches back before the year 1: the largest age accepted is "
-        f"{largest}{unit}; give a smaller age or an ISO date"
-    )
-
-
-def _shown(value: str) -> str:
-    value = value.strip()
-    return repr(value if len(value) <= 40 else f"{value[:40]}...")
+        raise CommandError(f"--closed-before {exc}") from None
 
 
 class Command(BaseCommand):
