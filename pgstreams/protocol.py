@@ -1,6 +1,7 @@
 """The wire protocol browsers speak (described in docs/reference/), for the WebSocket
-consumer and the SSE view alike: offsets in a request, WebSocket close codes, a client's ack, and
-the shapes of frames and events. Imports neither Channels nor views; sends nothing."""
+consumer and the SSE view alike: offsets in a request, WebSocket close codes, a client's ack, the
+shapes of frames and events, and the headers of an answer that carries chunks. Imports neither
+Channels nor views; sends nothing."""
 
 from __future__ import annotations
 
@@ -14,6 +15,14 @@ from django.utils.html import escape
 
 from .models import Stream
 from .types import StreamChunk
+
+# What every HTTP answer that carries a stream's chunks sends, whatever the project's middleware
+# does: no MIME sniffing (a writer's text can read as JavaScript), and, opened in a tab, nothing
+# runs (a stream's content type, HTML or SVG, is its creator's choice).
+UNTRUSTED_CONTENT_HEADERS: Final = {
+    "X-Content-Type-Options": "nosniff",
+    "Content-Security-Policy": "sandbox; default-src 'none'",
+}
 
 _OFFSET = re.compile(r"[0-9]{1,18}\Z")  # a non-negative integer that fits a bigint
 

@@ -56,8 +56,8 @@ def _secured(response: HttpResponseBase) -> HttpResponseBase:
     ``text/event-stream`` can read as JavaScript (``data: <text>`` is a labelled statement), which
     a browser would run from a page's ``<script src>`` if it sniffed; and opened in a tab, nothing
     runs (as at the Durable Streams endpoint)."""
-    response["X-Content-Type-Options"] = "nosniff"
-    response["Content-Security-Policy"] = "sandbox; default-src 'none'"
+    for header, value in protocol.UNTRUSTED_CONTENT_HEADERS.items():
+        response[header] = value
     return response
 
 

@@ -28,7 +28,7 @@ from django.urls import reverse
 from django.utils.encoding import escape_uri_path
 from django.views.decorators.csrf import csrf_exempt
 
-from .. import conf, db, delivery, leases, metrics, threads
+from .. import conf, db, delivery, leases, metrics, protocol, threads
 from ..auth import arequest_user
 from ..exceptions import ChunksPruned, ReadTimeout, StreamNotFound
 from ..reader import afollow
@@ -199,8 +199,8 @@ def _secured(response: HttpResponseBase) -> HttpResponseBase:
     type is its creator's choice: HTML, SVG) runs nothing, in a sandbox without the site's
     origin; fetchable from other origins that the project's CORS policy lets in, and which
     protocol headers their scripts may read."""
-    response["X-Content-Type-Options"] = "nosniff"
-    response["Content-Security-Policy"] = "sandbox; default-src 'none'"
+    for header, value in protocol.UNTRUSTED_CONTENT_HEADERS.items():
+        response[header] = value
     if not response.streaming and response.status_code not in (204, 304):
         response["Content-Length"] = str(len(response.content))  # as Django's CommonMiddleware would
     response["Cross-Origin-Resource-Policy"] = "cross-origin"
