@@ -68,22 +68,18 @@ CANDIDATES_SQL = (
 )
 
 
-_LOCK_SQL = "SELECT id FROM pgstreams_stream WHERE id = ANY(%s) AND closed_at < %s ORDER BY id FOR UPDATE"
+_LOCK_SQL = "SELECT id, next_offset FROM pgstreams_stream WHERE id = ANY(%s) AND closed_at < %s ORDER BY id FOR UPDATE"
 
-# The locked streams go with their chunks (the cascade takes them), but for those that forks were
-# made of: they stay as tombstones without chunks, keeping their paths, as a Durable Streams
-# DELETE leaves them (durable.store), until their last fork goes.
-_PRUNE_SQL = """
+# Of the locked streams, those that forks were made of stay as tombstones without chunks, keeping
+# their paths, as a Durable Streams DELETE leaves them (durable.store), until their last fork
+# goes; their ids. The others then go by Django's delete (prune()).
+_TOMBSTONE_SQL = """
 WITH forked AS (
     SELECT DISTINCT forked_from_id AS id FROM pgstreams_stream WHERE forked_from_id = ANY(%(ids)s)
-), kept AS (
-    UPDATE pgstreams_stream SET deleted_at = now() WHERE id IN (SELECT id FROM forked) RETURNING next_offset
 ), emptied AS (
     DELETE FROM pgstreams_chunk WHERE stream_id IN (SELECT id FROM forked)
-), gone AS (
-    DELETE FROM pgstreams_stream WHERE id = ANY(%(ids)s) AND id NOT IN (SELECT id FROM forked) RETURNING next_offset
 )
-SELECT next_offset FROM kept UNION ALL SELECT next_offset FROM gone
+UPDATE pgstreams_stream SET deleted_at = now() WHERE id IN (SELECT id FROM forked) RETURNING id
 """
 
 
@@ -115,7 +111,15 @@ def prune(
     """Delete the streams closed before ``cutoff`` with their chunks, at most ``batch`` chunks
     per transaction; open streams and tombstones (deleted streams whose forks remain) are never
     touched. A stream forks were made of leaves a tombstone, as a Durable Streams DELETE does, and
-    tombstones whose forks are all gone go at the end. Returns what was deleted."""
+    tombstones whose forks are all gone go at the end. The project's objects that point at a
+    stream go with it, or keep it, as their ``on_delete`` says. Returns what was deleted.
+
+    Raises:
+        ProtectedError, RestrictedError: objects of the project keep a stream (on_delete
+            PROTECT, RESTRICT); what was pruned before stays pruned.
+    """
+    from .models import Stream  # not at import: models load later
+
     if batch < 1:
         raise ValueError("batch must be at least 1")
     alias = using or conf.database()
@@ -139,10 +143,15 @@ def prune(
             # Still closed (a stream is never reopened) and still old, locked: a fork of one is
             # made under its source's row lock, so the next statement sees every fork there is.
             cursor.execute(_LOCK_SQL, [group, cutoff])
-            cursor.execute(_PRUNE_SQL, {"ids": [stream_id for (stream_id,) in cursor.fetchall()]})
-            deleted = cursor.fetchall()
-        done.streams += len(deleted)
-        done.chunks += sum(n for (n,) in deleted)
+            locked = dict(cursor.fetchall())  # id: chunks
+            cursor.execute(_TOMBSTONE_SQL, {"ids": list(locked)})
+            kept = {stream_id for (stream_id,) in cursor.fetchall()}
+            # Django's delete: the project's objects that point at a stream go with it, or keep it
+            # (ProtectedError, RestrictedError: the prune stops), as their on_delete says; its
+            # chunks go by the table's own cascade.
+            Stream.objects.using(alias).filter(pk__in=[sid for sid in locked if sid not in kept]).delete()
+        done.streams += len(locked)
+        done.chunks += sum(locked.values())
         if progress:
             progress(done)
     # Tombstones whose last fork this prune took (or an earlier one) go too.

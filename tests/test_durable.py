@@ -628,3 +628,18 @@ async def test_the_shortcut_hands_the_endpoint_to_django_when_it_cannot_stand_in
         async with shortcut() as client:
             assert (await client.get(url("shortcut/token"))).status_code == 403
             assert (await client.get(url("shortcut/token"), headers={"X-Token": "token-owner"})).status_code == 200
+
+
+async def test_a_delete_of_a_stream_a_projects_object_points_at_deletes_as_django_does() -> None:
+    """The demo's Conversation points at its answer's stream (on_delete CASCADE): the DELETE's raw
+    delete failed at the commit (a foreign key still referenced it, a 500); Django's delete takes
+    the conversation with it, as the admin's delete page says it will."""
+    from demo_project.chat.models import Conversation
+
+    user = await sync_to_async(get_user_model().objects.create_user)("asker")
+    stream = await pgstreams.acreate_stream(path="pointed/at")
+    await Conversation.objects.acreate(user=user, prompt="p", stream=stream)
+    with OPEN:
+        assert (await AsyncClient().delete(url("pointed/at"))).status_code == 204
+    assert not await Stream.objects.filter(pk=stream.pk).aexists()
+    assert not await Conversation.objects.filter(user=user).aexists()

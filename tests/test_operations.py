@@ -354,3 +354,23 @@ def test_pgstreams_tail_answers_any_text_as_its_arguments_or_says_what_is_wrong(
 @given(args=st.lists(st.one_of(HOSTILE, st.sampled_from(["--json", "--j", "-v", "3", "--no-color"])), max_size=3))
 def test_pgstreams_stats_answers_any_text_as_its_arguments_or_says_what_is_wrong(args: list[str]) -> None:
     answered("pgstreams_stats", *args)
+
+
+def test_prune_deletes_what_points_at_a_stream_as_django_does() -> None:
+    """The demo's Conversation points at its answer's stream (on_delete CASCADE): prune's raw
+    delete failed at the commit (a foreign key still referenced it); Django's delete takes the
+    conversation with it."""
+    from django.contrib.auth import get_user_model
+
+    from demo_project.chat.models import Conversation
+
+    user = get_user_model().objects.create_user("asker")
+    stream = pgstreams.create_stream()
+    pgstreams.write_many(stream.id, ["a", "b"])
+    pgstreams.close(stream.id)
+    Conversation.objects.create(user=user, prompt="p", stream=stream)
+    Stream.objects.filter(pk=stream.pk).update(closed_at=timezone.now() - datetime.timedelta(days=30))
+    done = maintenance.prune(maintenance.parse_cutoff("7d"))
+    assert (done.streams, done.chunks) == (1, 2)
+    assert not Stream.objects.filter(pk=stream.pk).exists() and not Chunk.objects.filter(stream_id=stream.pk).exists()
+    assert not Conversation.objects.filter(user=user).exists()

@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from asgiref.sync import async_to_sync
 from django.db import OperationalError, connections, transaction
+from django.db.models import ProtectedError, RestrictedError
 
 from .. import appender, conf, db, leases
 from ..batch import EXPIRY_PASSED
@@ -262,7 +263,9 @@ def _visible(stream: Stream | None) -> Stream | None:
 def _remove(alias: str, stream: Stream) -> None:
     """Delete a stream; while forks of it remain, leave a tombstone that keeps its path (closed,
     so that writers are refused, and without chunks). A tombstone whose last fork this was goes
-    too, and so on up the chain. Its readers learn it once the transaction commits."""
+    too, and so on up the chain. Its readers learn it once the transaction commits. A stream goes
+    by Django's delete, so the project's objects that point at it go, or keep it, as their
+    ``on_delete`` says (its chunks go with it, by the table's own cascade)."""
     gone = [Mark(stream.id, stream.next_offset, True)]
     transaction.on_commit(partial(committed, conf.notify_mode(), gone, 0), using=alias)
     current: Stream | None = stream
@@ -277,7 +280,14 @@ def _remove(alias: str, stream: Stream) -> None:
                 )
                 cursor.execute("DELETE FROM pgstreams_chunk WHERE stream_id = %s", [current.id])
                 return
-            cursor.execute("DELETE FROM pgstreams_stream WHERE id = %s", [current.id])
+            try:
+                Stream.objects.using(alias).filter(pk=current.id).delete()
+            except (ProtectedError, RestrictedError):
+                raise Refused(
+                    409,
+                    f"the stream at {current.path or current.id!r} is kept by objects of the project that point at it"
+                    " (on_delete PROTECT or RESTRICT): delete them first",
+                ) from None
             parent = current.forked_from_id
             current = (
                 Stream.objects.using(alias)

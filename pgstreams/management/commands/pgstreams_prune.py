@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db.models import ProtectedError, RestrictedError
 
 from pgstreams import maintenance
 
@@ -62,7 +63,13 @@ class Command(BaseCommand):
                 self.stdout.write(f"\r[{bar:<30}] {done.streams}/{todo.streams} streams", ending="")
                 self.stdout.flush()
 
-        done = maintenance.prune(cutoff, batch=batch, progress=progress)
+        try:
+            done = maintenance.prune(cutoff, batch=batch, progress=progress)
+        except (ProtectedError, RestrictedError) as exc:
+            raise CommandError(
+                f"stopped: {exc.args[0]} (a stream closed before the cutoff is kept by objects of the project that "
+                "point at it); delete them, or give a later cutoff"
+            ) from None
         if show:
             self.stdout.write("")
         self.stdout.write(f"deleted {done.streams} stream(s) and {done.chunks} chunk(s)")
