@@ -30,8 +30,11 @@ def count(
     has reached, then close it with "end". With ``die_at``, the worker process dies when the
     stream reaches that offset (every attempt does); with ``hang_at``, the first attempt hangs
     there (a model call that never returns); with ``fail_first``, the first attempt raises
-    "before" its take or "inside" its block (a stale connection, say)."""
-    if fail_first == "before" and _attempt(stream_id) == 1:
+    "before" its take or "inside" its block (a stale connection, say), or its worker process
+    "dies before" its take."""
+    if fail_first in ("before", "dies before") and _attempt(stream_id) == 1:
+        if fail_first == "dies before":
+            os._exit(1)
         raise RuntimeError("the first attempt fails before it takes the generation")
     try:
         with generations.take(stream_id) as taken:

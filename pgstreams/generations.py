@@ -7,7 +7,7 @@ without its task, nor a task without its stream (the task backend must keep its 
 ``DATABASE``, as django-tasks-db does). The task calls ``take()`` first: under the stream's row
 lock it takes a new producer epoch, so that an earlier writer of the stream that is only paused
 (a stopped process, a long pause, a partition) is fenced, its writes refused and never stored;
-it gets the chunks stored so far, to go on from there; and the ``Taken`` it returns keeps a
+it gets the chunks stored so far (read once the lock is let go), to go on from there; and the ``Taken`` it returns keeps a
 lease on the stream while the task writes through it.
 
 Each process that started or took a generation runs one generations thread, on one connection:
@@ -16,9 +16,11 @@ within ``stall`` seconds, for those started with one), and looks for generations
 takes one over (``FOR UPDATE SKIP LOCKED``: one process, once): it counts an attempt, fences
 the run that held it (a new producer epoch: its writes and renewals are refused from then on)
 and enqueues the task again, in one transaction, the lease then counting the time the task may
-wait for a worker. A run that ends without ending its generation (its task failed before or
-after ``take()``) gives the lease up as its task finishes (the Tasks API's ``task_finished``
-signal), so the next look takes it over at once. After its last attempt a generation ends with
+wait for a worker; once a worker starts the run (the Tasks API's ``task_started`` signal) it
+counts ``lease`` again, so that a worker that dies before ``take()`` is taken over as soon as one
+that dies after. A run that ends without ending its generation (its task failed before or
+after ``take()``) gives the lease up as its task finishes (``task_finished``), so the next look
+takes it over at once. After its last attempt a generation ends with
 its ``last`` chunk. A closed stream (finished, stopped) is never taken nor taken over.
 
 A stalled process holds a generation's row at most ``db.idle_bound()`` (half of QUERY_TIMEOUT):
@@ -85,11 +87,12 @@ _RESULT_SQL: Final = (
     "UPDATE pgstreams_stream SET metadata = jsonb_set(metadata, '{pgstreams_generation,result}', to_jsonb(%s::text))"
     " WHERE id = %s"
 )
-# A take: the stream's row, locked, and its generation.
+# A take: the stream's row, locked, its generation and how many chunks it holds.
 _TAKE_SQL: Final = (
-    "SELECT closed_at IS NOT NULL, metadata->'pgstreams_generation' FROM pgstreams_stream"
+    "SELECT closed_at IS NOT NULL, metadata->'pgstreams_generation', next_offset FROM pgstreams_stream"
     " WHERE id = %s AND deleted_at IS NULL FOR UPDATE"
 )
+_STORED_SQL: Final = 'SELECT data FROM pgstreams_chunk WHERE stream_id = %s AND "offset" < %s ORDER BY "offset"'
 _EPOCH_SQL: Final = "SELECT epoch FROM pgstreams_producer WHERE stream_id = %s AND producer_id = %s"
 # A renewal by the run that holds ``epoch``; after a takeover or another take it renews nothing.
 _RENEW_SQL: Final = (
@@ -100,6 +103,14 @@ _RENEW_SQL: Final = (
 # The lease given up by the run of task result ``result``, if it is the generation's current one.
 _GIVE_UP_SQL: Final = (
     "UPDATE pgstreams_stream SET metadata = jsonb_set(metadata, '{pgstreams_lease,until}', to_jsonb(0))"
+    " WHERE id = %s AND closed_at IS NULL AND metadata->'pgstreams_generation'->>'result' = %s"
+)
+# The run of task result ``result`` has started: the lease, which counted the wait for a worker
+# (queue_timeout), counts ``lease`` from now, so that a worker that dies before ``take()`` is
+# taken over as soon as one that dies after it.
+_STARTED_SQL: Final = (
+    "UPDATE pgstreams_stream SET metadata = jsonb_set(metadata, '{pgstreams_lease,until}',"
+    " to_jsonb(extract(epoch FROM now()) + (metadata->'pgstreams_generation'->>'lease')::float8))"
     " WHERE id = %s AND closed_at IS NULL AND metadata->'pgstreams_generation'->>'result' = %s"
 )
 _TAKEN_SQL: Final = (
@@ -207,7 +218,7 @@ def take(stream_id: Any, *, using: str | None = None) -> Taken:
         row = cursor.fetchone()
         if row is None:
             raise StreamNotFound(f"no stream {sid}")
-        closed, generation = row
+        closed, generation, stored = row
         if closed:
             raise StreamClosed(f"the generation in stream {sid} has ended")
         if generation is None:
@@ -216,7 +227,11 @@ def take(stream_id: Any, *, using: str | None = None) -> Taken:
         epoch = _fence(cursor, sid)
         cursor.execute(_TAKEN_SQL, [epoch, sid])
         cursor.execute(_RENEW_SQL, [generation["lease"], sid, epoch])
-        cursor.execute('SELECT data FROM pgstreams_chunk WHERE stream_id = %s ORDER BY "offset"', [sid])
+    # Read once the row is free: a process stopped while the server sends it a long answer
+    # holds no lock (the idle bound does not count while a statement runs). The chunks below
+    # ``stored`` change no more, and every earlier run is fenced.
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_STORED_SQL, [sid, stored])
         chunks = [data for (data,) in cursor.fetchall()]
     _thread.get()  # this process looks for takeovers from now on
     stall = generation.get("stall")
@@ -361,17 +376,26 @@ def give_up(stream_id: Any, result_id: str, *, using: str | None = None) -> bool
         return cursor.rowcount > 0
 
 
+def _task_started(sender: Any, task_result: Any, **kwargs: Any) -> None:
+    """The Tasks API's ``task_started``, in the worker about to run the task: a generation's
+    lease counts its ``lease`` from now, no longer the wait for a worker, so that a worker that
+    dies before ``take()`` (killed, or unable to record the failure on a connection a failover
+    cut) leaves the answer waiting ``lease``, not ``queue_timeout``. Any other task is left alone."""
+    if (sid := _generation_of(task_result)) is None:
+        return
+    try:
+        with connections[conf.database()].cursor() as cursor:
+            cursor.execute(_STARTED_SQL, [sid, str(task_result.id)])
+    except Exception:  # never raised to the worker, which would not run the task
+        logger.warning("pgstreams: could not start the lease of generation %s", sid, exc_info=True)
+
+
 def _task_finished(sender: Any, task_result: Any, **kwargs: Any) -> None:
     """The Tasks API's ``task_finished``, in the worker that ran the task: a generation's run
     that ended without ending it gives its lease up, rather than leave the answer waiting for
-    the lease (queue_timeout, before ``take()``) to run out. Any other task is left alone."""
-    args = getattr(task_result, "args", None)
-    if not args or not isinstance(args[0], str):
+    the lease to run out. Any other task is left alone."""
+    if (sid := _generation_of(task_result)) is None:
         return
-    try:
-        sid = uuid.UUID(args[0])
-    except ValueError:
-        return  # not a generation's task: its first argument is no stream id
     try:
         if give_up(sid, task_result.id):
             logger.warning("pgstreams: the run of generation %s ended without ending it; taken over next", sid)
@@ -380,14 +404,27 @@ def _task_finished(sender: Any, task_result: Any, **kwargs: Any) -> None:
         logger.warning("pgstreams: could not give up the lease of generation %s", sid, exc_info=True)
 
 
+def _generation_of(task_result: Any) -> uuid.UUID | None:
+    """The stream id a task result's run was given first, if it looks like a generation's (the
+    SQL that uses it matches the generation's recorded task result, so no other task is touched)."""
+    args = getattr(task_result, "args", None)
+    if not args or not isinstance(args[0], str):
+        return None
+    try:
+        return uuid.UUID(args[0])
+    except ValueError:
+        return None  # not a generation's task: its first argument is no stream id
+
+
 def connect_signals() -> None:
-    """Receive ``task_finished`` from whichever Tasks API is installed (Django's own from 6.0,
-    the django-tasks backport): called once, by the app's ``ready()``."""
+    """Receive ``task_started`` and ``task_finished`` from whichever Tasks API is installed
+    (Django's own from 6.0, the django-tasks backport): called once, by the app's ``ready()``."""
     for module in ("django.tasks.signals", "django_tasks.signals"):
         try:
             signals = import_module(module)
         except ImportError:
             continue
+        signals.task_started.connect(_task_started, dispatch_uid=f"pgstreams-generations-started-{module}")
         signals.task_finished.connect(_task_finished, dispatch_uid=f"pgstreams-generations-{module}")
 
 

@@ -402,6 +402,86 @@ def test_a_run_that_fails_before_or_inside_its_take_is_taken_over_at_once(worker
     print(f"a run that failed {where} its take: taken over {took:.2f} s after the start (lease 30 s)")
 
 
+def test_a_worker_that_dies_after_starting_a_run_but_before_its_take_is_taken_over_within_the_lease(
+    workers: Workers,
+) -> None:
+    """Killed, or unable to record the failure on a connection a failover cut, the worker sends
+    no task_finished: the lease counts from the run's start (task_started), so the answer waits
+    the lease, not queue_timeout (600 s)."""
+    lease = 2.0
+    s = generations.start(count, N, DELAY, fail_first="dies before", last="failed", lease=lease)
+    took = until(lambda: attempt(s) == 2, timeout=lease + 15)
+    until(lambda: closed(s))
+    assert texts(s) == WHOLE
+    print(f"a worker that died before its take: taken over {took:.2f} s after the start (lease {lease} s)")
+
+
+TAKER = """
+import sys, django
+django.setup()
+from django.db import connection
+from pgstreams import generations
+with connection.cursor() as cursor:
+    cursor.execute("SELECT pg_backend_pid()")
+    print(cursor.fetchone()[0], flush=True)
+sys.stdin.readline()
+print("taken", len(generations.take(sys.argv[1]).chunks), flush=True)
+"""
+
+
+def test_a_take_stopped_while_it_reads_the_stored_chunks_holds_no_lock() -> None:
+    """take() reads what earlier runs stored once it has let the row go: a run stopped while
+    the server sends it a long answer (its backend 'active', where no idle bound counts) leaves
+    a stop and a takeover free. It held the row as long as it was stopped."""
+    import os
+    import subprocess
+
+    from django.db import connection
+
+    from tests.helpers import subprocess_database_url
+
+    s = generations.start(count, 10, 0.01, last="failed", lease=1.0, queue_timeout=1.0)  # no worker runs it
+    env = {**os.environ, "DATABASE_URL": subprocess_database_url(), "DJANGO_SETTINGS_MODULE": "demo_project.settings"}
+    for i in range(50):  # 30 MB: more than the socket buffers between the server and a stopped client hold
+        pgstreams.write_many(s.id, [f"{i}:{j}:" + "y" * 60_000 for j in range(10)])
+    with connection.cursor() as cursor:
+        for _ in range(10):  # bounded: tries until the pause lands in the chunks' fetch
+            taker = subprocess.Popen(
+                [sys.executable, "-c", TAKER, str(s.id)],
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            backend = int(taker.stdout.readline())
+            taker.stdin.write("go\n")
+            taker.stdin.flush()
+            deadline, landed = time.monotonic() + 20, False
+            while not landed and taker.poll() is None and time.monotonic() < deadline:
+                cursor.execute("SELECT state, query FROM pg_stat_activity WHERE pid = %s", [backend])
+                row = cursor.fetchone()
+                if row is not None and row[0] == "active" and "pgstreams_chunk" in row[1]:
+                    taker.send_signal(signal.SIGSTOP)
+                    landed = True
+            if landed:
+                break
+            taker.kill()
+            taker.wait(10)
+        else:
+            pytest.fail("the taker was never seen reading the stored chunks")
+    try:
+        began = time.monotonic()
+        offset = pgstreams.append(s.id, "stopped", close=True)  # what aisdk.stop does
+        took = time.monotonic() - began
+    finally:
+        taker.send_signal(signal.SIGCONT)
+        taker.kill()
+        taker.wait(10)
+    print(f"a take stopped in its fetch of 30 MB: a stop went through {took:.3f} s later")
+    assert offset == 500 and Stream.objects.get(pk=s.pk).closed_at is not None
+
+
 def test_a_run_taken_over_while_stopped_renews_nothing_and_writes_nothing_when_continued(workers: Workers) -> None:
     """Attempt 2 of 2 waits for a worker (the other is busy); the stopped writer of attempt 1
     is continued, then killed: its lease thread must not cut attempt 2's wait short (which would
