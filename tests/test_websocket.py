@@ -479,7 +479,13 @@ async def test_hostile_client_frames_get_4400_and_an_error_frame_and_leave_nothi
     s = await pgstreams.acreate_stream()
     path = f"/ws/pgstreams/{s.id}/"
     assert await released(consumers_server) == {"pumps": 0, "clients": 0, "readers": 0}
-    got = await asyncio.gather(*(close_after(consumers_server, path, frame) for frame, _ in HOSTILE_FRAMES))
+    # One socket at a time: daphne drops (TCP reset) a socket it is closing whose client has not
+    # answered the close when autobahn's close-handshake timer fires (1 s, rounded down to a
+    # whole second of the clock: from a few ms to 1 s). 26 sockets at once, the test process and
+    # daphne starved of CPU, a client sometimes got 1006 and neither the error frame nor the close
+    # (in CI; reproduced with daphne under `nice` beside busy loops, its log saying "closing
+    # handshake timeout" for each such socket).
+    got = [await close_after(consumers_server, path, frame) for frame, _ in HOSTILE_FRAMES]
     wrong = []
     for (frame, fragment), (messages, code) in zip(HOSTILE_FRAMES, got, strict=True):
         error = messages[-1] if messages else {}
@@ -494,7 +500,9 @@ async def test_twenty_sockets_of_deep_json_leave_no_pump_or_client_behind(consum
     s = await pgstreams.acreate_stream()
     path = f"/ws/pgstreams/{s.id}/"
     got = await asyncio.gather(*(close_after(consumers_server, path, "[" * 1000) for _ in range(20)))
-    assert {code for _, code in got} == {4400}
+    # Each closed by the server: 4400, or 1006 when daphne dropped it at its close-handshake timer
+    # (see the test above, which checks the error frame and 4400 one socket at a time).
+    assert {code for _, code in got} <= {4400, 1006}  # never 1011, the crash this guards against
     assert await released(consumers_server) == {"pumps": 0, "clients": 0, "readers": 0}
     await pgstreams.awrite(s.id, "still served")
     await pgstreams.aclose(s.id)
