@@ -4,9 +4,10 @@ thin wrappers over these functions.
 
 Pruning never touches an open stream, and each batch is one short transaction: a stream's
 ``next_offset`` is its number of chunks, so batches are sized without counting rows, and a stream
-larger than a batch has its chunks deleted in offset slices before its row goes. A stream that
-forks were made of is kept as a tombstone that holds its path, as a Durable Streams DELETE keeps
-it, until its last fork goes.
+larger than a batch has its chunks deleted in offset slices before its row goes, each once Django
+would delete it. Streams go as Django deletes them (``durable.store.delete_streams``): a stream
+that forks were made of is kept as a tombstone that holds its path, as a Durable Streams DELETE
+keeps it, until its last fork goes.
 """
 
 from __future__ import annotations
@@ -68,19 +69,14 @@ CANDIDATES_SQL = (
 )
 
 
-_LOCK_SQL = "SELECT id, next_offset FROM pgstreams_stream WHERE id = ANY(%s) AND closed_at < %s ORDER BY id FOR UPDATE"
-
-# Of the locked streams, those that forks were made of stay as tombstones without chunks, keeping
-# their paths, as a Durable Streams DELETE leaves them (durable.store), until their last fork
-# goes; their ids. The others then go by Django's delete (prune()).
-_TOMBSTONE_SQL = """
-WITH forked AS (
-    SELECT DISTINCT forked_from_id AS id FROM pgstreams_stream WHERE forked_from_id = ANY(%(ids)s)
-), emptied AS (
-    DELETE FROM pgstreams_chunk WHERE stream_id IN (SELECT id FROM forked)
+# Still closed (a stream is never reopened), still old and not a tombstone, locked as
+# ``durable.store.LOCK_FOR_DELETE_SQL`` locks: no row that points at them is added until the
+# transaction ends, and a fork of one is made under its source's row lock, so every fork there is
+# is seen.
+_LOCK_SQL = (
+    "SELECT id, next_offset FROM pgstreams_stream WHERE id = ANY(%s) AND closed_at < %s AND deleted_at IS NULL"
+    " ORDER BY id FOR UPDATE"
 )
-UPDATE pgstreams_stream SET deleted_at = now() WHERE id IN (SELECT id FROM forked) RETURNING id
-"""
 
 
 @dataclass
@@ -111,14 +107,15 @@ def prune(
     """Delete the streams closed before ``cutoff`` with their chunks, at most ``batch`` chunks
     per transaction; open streams and tombstones (deleted streams whose forks remain) are never
     touched. A stream forks were made of leaves a tombstone, as a Durable Streams DELETE does, and
-    tombstones whose forks are all gone go at the end. The project's objects that point at a
-    stream go with it, or keep it, as their ``on_delete`` says. Returns what was deleted.
+    tombstones whose forks are all gone go at the end, if Django would delete them. The
+    project's objects that point at a stream go with it, or keep it, as their ``on_delete`` says.
+    Returns what was deleted.
 
     Raises:
         ProtectedError, RestrictedError: objects of the project keep a stream (on_delete
-            PROTECT, RESTRICT); what was pruned before stays pruned.
+            PROTECT, RESTRICT): it is left whole, and what was pruned before stays pruned.
     """
-    from .models import Stream  # not at import: models load later
+    from .durable.store import delete_streams, remove_orphan_tombstones  # not at import: models load later
 
     if batch < 1:
         raise ValueError("batch must be at least 1")
@@ -137,26 +134,18 @@ def prune(
             group.append(stream_id)
             size += count
         if size > batch:  # one stream larger than a batch: its chunks go in slices first
-            _delete_chunks_in_slices(alias, group[0], size, batch)
+            _delete_chunks_in_slices(alias, group[0], cutoff, size, batch)
+        # No idle bound: Django's delete runs the project's signal receivers, which take the time
+        # they take, as in any delete of the project's.
         with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-            db.bound_idle(alias, cursor)  # a stopped pruner holds these rows no longer
-            # Still closed (a stream is never reopened) and still old, locked: a fork of one is
-            # made under its source's row lock, so the next statement sees every fork there is.
             cursor.execute(_LOCK_SQL, [group, cutoff])
             locked = dict(cursor.fetchall())  # id: chunks
-            cursor.execute(_TOMBSTONE_SQL, {"ids": list(locked)})
-            kept = {stream_id for (stream_id,) in cursor.fetchall()}
-            # Django's delete: the project's objects that point at a stream go with it, or keep it
-            # (ProtectedError, RestrictedError: the prune stops), as their on_delete says; its
-            # chunks go by the table's own cascade.
-            Stream.objects.using(alias).filter(pk__in=[sid for sid in locked if sid not in kept]).delete()
+            delete_streams(alias, list(locked))
         done.streams += len(locked)
         done.chunks += sum(locked.values())
         if progress:
             progress(done)
     # Tombstones whose last fork this prune took (or an earlier one) go too.
-    from .durable.store import remove_orphan_tombstones  # not at import: models load later
-
     remove_orphan_tombstones(alias)
     return done
 
@@ -184,9 +173,27 @@ def prune_expired(*, using: str | None = None, batch: int = 100) -> int:
     return removed
 
 
-def _delete_chunks_in_slices(alias: str, stream_id: Any, count: int, batch: int) -> None:
+def _delete_chunks_in_slices(alias: str, stream_id: Any, cutoff: datetime.datetime, count: int, batch: int) -> None:
+    """Delete a stream's chunks ``batch`` at a time, each slice in a transaction of its own under
+    the stream's row lock, once Django would delete the stream; its row goes in prune's batch.
+
+    The lock keeps rows that would point at the stream from being added during a slice, not
+    between slices: an object of the project made to keep the stream while its chunks go stops
+    the prune at the next slice (or at the row's delete) with the slices before gone.
+
+    Raises:
+        ProtectedError, RestrictedError: objects of the project keep the stream.
+    """
+    from .durable.store import check_deletable  # not at import: models load later
+
     for start in range(0, count, batch):
         with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+            # Only our SQL and Django's look at what points at the stream (it sends no signal).
+            db.bound_idle(alias, cursor)  # a stopped pruner holds this row no longer
+            cursor.execute(_LOCK_SQL, [[stream_id], cutoff])
+            if cursor.fetchone() is None:
+                return  # gone, or a tombstone, meanwhile
+            check_deletable(alias, [stream_id])
             cursor.execute(
                 'DELETE FROM pgstreams_chunk WHERE stream_id = %s AND "offset" >= %s AND "offset" < %s',
                 [stream_id, start, start + batch],

@@ -34,6 +34,7 @@ from pgstreams.durable import wire
 from pgstreams.models import Stream
 from tests.conftest import open_server, serving
 from tests.helpers import ROOT, free_port, node_dir
+from tests.test_operations import kept_by_the_project
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -643,3 +644,41 @@ async def test_a_delete_of_a_stream_a_projects_object_points_at_deletes_as_djang
         assert (await AsyncClient().delete(url("pointed/at"))).status_code == 204
     assert not await Stream.objects.filter(pk=stream.pk).aexists()
     assert not await Conversation.objects.filter(user=user).aexists()
+
+
+def test_a_delete_of_a_stream_with_forks_a_protect_keeps_answers_409_and_changes_nothing() -> None:
+    """The DELETE of a source with a fork made its tombstone by raw SQL, never asking its
+    on_delete: 204, its chunks gone and its path answering 410, though a PROTECT kept it (the
+    same DELETE without the fork answered 409)."""
+    client = Client()
+    with OPEN:
+        client.put(url("kept/source"), "kept", content_type="text/plain")
+        assert client.put(url("kept/fork"), headers={"Stream-Forked-From": "kept/source"}).status_code == 201
+        with kept_by_the_project() as pin:
+            pin.objects.create(stream=Stream.objects.get(path="kept/source"))
+            refused = client.delete(url("kept/source"))
+            assert refused.status_code == 409 and b"PROTECT or RESTRICT" in refused.content
+            assert client.get(url("kept/source")).content == b"kept"
+            assert Stream.objects.get(path="kept/source").deleted_at is None
+
+
+def test_the_delete_of_a_last_fork_leaves_a_tombstone_a_protect_keeps_and_answers_204() -> None:
+    """A tombstone whose last fork went was deleted in the fork's transaction: the PROTECT of an
+    object made to point at the tombstone made the fork's DELETE answer 409 too. The tombstone now
+    stays (and pruning's sweep leaves it) until nothing keeps it."""
+    from pgstreams.durable.store import remove_orphan_tombstones
+
+    client = Client()
+    with OPEN:
+        client.put(url("kept/source"), "kept", content_type="text/plain")
+        assert client.put(url("kept/fork"), headers={"Stream-Forked-From": "kept/source"}).status_code == 201
+        assert client.delete(url("kept/source")).status_code == 204  # a tombstone: its fork remains
+        with kept_by_the_project() as pin:
+            kept = pin.objects.create(stream=Stream.objects.get(path="kept/source"))
+            assert client.delete(url("kept/fork")).status_code == 204
+            assert client.head(url("kept/fork")).status_code == 404
+            assert client.head(url("kept/source")).status_code == 410
+            assert remove_orphan_tombstones(connection.alias) == 0
+            kept.delete()
+            assert remove_orphan_tombstones(connection.alias) == 1
+    assert not Stream.objects.filter(path__startswith="kept/").exists()

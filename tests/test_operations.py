@@ -13,18 +13,22 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.apps import apps
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import transaction
+from django.db import connection, models, transaction
+from django.db.models import ProtectedError
+from django.db.models.signals import post_delete
 from django.utils import timezone
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import pgstreams
-from pgstreams import maintenance
+from pgstreams import db, maintenance
 from pgstreams.models import Chunk, Stream
 from pgstreams.signals import stream_closed
 from tests.helpers import ROOT, subprocess_database_url
@@ -374,3 +378,86 @@ def test_prune_deletes_what_points_at_a_stream_as_django_does() -> None:
     assert (done.streams, done.chunks) == (1, 2)
     assert not Stream.objects.filter(pk=stream.pk).exists() and not Chunk.objects.filter(stream_id=stream.pk).exists()
     assert not Conversation.objects.filter(user=user).exists()
+
+
+@contextlib.contextmanager
+def kept_by_the_project() -> Iterator[type[models.Model]]:
+    """A project's model that keeps a stream, made for the block: ``Pin(stream=FK(Stream,
+    on_delete=PROTECT))``. Neither the test settings nor the demo have one."""
+
+    class Pin(models.Model):
+        stream = models.ForeignKey(Stream, on_delete=models.PROTECT, related_name="+")
+
+        class Meta:
+            app_label = "chat"
+
+    with connection.schema_editor() as editor:
+        editor.create_model(Pin)
+    try:
+        yield Pin
+    finally:
+        with connection.schema_editor() as editor:
+            editor.delete_model(Pin)
+        apps.all_models["chat"].pop("pin", None)
+        apps.clear_cache()
+
+
+def test_prune_of_a_stream_a_protect_keeps_leaves_it_whole_though_larger_than_a_batch() -> None:
+    """Its chunks went in slices, each committed, before Django's delete of its row found the
+    PROTECT: the prune stopped as documented, and the stream it kept had lost all 300 chunks."""
+    s = closed_stream(300, closed_days_ago=30)
+    with kept_by_the_project() as pin:
+        pin.objects.create(stream=s)
+        with pytest.raises(ProtectedError):
+            maintenance.prune(maintenance.parse_cutoff("7d"), batch=100)
+        with pytest.raises(CommandError, match="kept by objects of the project"):
+            run("pgstreams_prune", "--closed-before", "7d", "--batch", "100")
+        assert Chunk.objects.filter(stream_id=s.pk).count() == 300
+        assert Stream.objects.get(pk=s.pk).deleted_at is None
+
+
+def test_prune_of_a_stream_with_forks_a_protect_keeps_stops_without_tombstoning_it() -> None:
+    """A closed source with a fork was made a tombstone by raw SQL, never asking its on_delete: its
+    chunks deleted and its path answering 410 although a PROTECT keeps it."""
+    from django.test import Client, override_settings
+
+    endpoint = "/pgstreams/v1/stream/"
+    client = Client()
+    with override_settings(PGSTREAMS=FORKS_OPEN):
+        client.put(f"{endpoint}kept/source", "kept", content_type="text/plain")
+        assert client.put(f"{endpoint}kept/fork", headers={"Stream-Forked-From": "kept/source"}).status_code == 201
+    source = Stream.objects.get(path="kept/source")
+    pgstreams.close(source.id)
+    Stream.objects.filter(pk=source.pk).update(closed_at=timezone.now() - datetime.timedelta(days=30))
+    with kept_by_the_project() as pin:
+        pin.objects.create(stream=source)
+        with pytest.raises(ProtectedError):
+            maintenance.prune(maintenance.parse_cutoff("7d"))
+        source.refresh_from_db()
+        assert source.deleted_at is None and Chunk.objects.filter(stream_id=source.pk).count() == 1
+        with override_settings(PGSTREAMS=FORKS_OPEN):
+            assert client.get(f"{endpoint}kept/source").content == b"kept"
+
+
+def test_prune_lets_a_projects_post_delete_receiver_take_longer_than_the_idle_bound() -> None:
+    """Django's delete runs the project's receivers inside prune's transaction (and an expired
+    stream's removal's), which carried the idle bound (half of QUERY_TIMEOUT): a receiver that
+    spent longer outside the database (a call to object storage, say) had the session ended
+    under it ("terminating connection due to idle-in-transaction timeout")."""
+    closed = closed_stream(1, closed_days_ago=30)
+    expired = pgstreams.create_stream(path="slow/expired")
+    Stream.objects.filter(pk=expired.pk).update(ttl=60, used_at=timezone.now() - datetime.timedelta(hours=1))
+    seen = []
+
+    def receiver(sender: type[Stream], instance: Stream, **kwargs: Any) -> None:
+        time.sleep(db.idle_bound() + 0.5)
+        seen.append(instance.pk)
+
+    post_delete.connect(receiver, sender=Stream, dispatch_uid="slow-receiver")
+    try:
+        assert maintenance.prune(maintenance.parse_cutoff("7d")).streams == 1
+        assert maintenance.prune_expired() == 1
+    finally:
+        post_delete.disconnect(sender=Stream, dispatch_uid="slow-receiver")
+    assert seen == [closed.pk, expired.pk]
+    assert not Stream.objects.filter(pk__in=seen).exists()

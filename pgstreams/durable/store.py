@@ -20,7 +20,7 @@ import datetime
 import inspect
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -29,8 +29,9 @@ from typing import Any, Literal
 from asgiref.sync import async_to_sync
 from django.db import OperationalError, connections, transaction
 from django.db.models import ProtectedError, RestrictedError
+from django.db.models.deletion import Collector
 
-from .. import appender, conf, db, leases
+from .. import appender, conf, leases
 from ..batch import EXPIRY_PASSED
 from ..models import Stream, is_text, media_type
 from ..types import Mark
@@ -233,11 +234,12 @@ def busy_if_held(path: str) -> Iterator[None]:
 
 def _remove_if_expired(alias: str, stream_id: uuid.UUID) -> bool:
     """Remove the stream if its expiry has passed, checked under its row lock; a stream whose row
-    another transaction holds is being used, and stays."""
+    another transaction holds (or a row that points at it: FOR UPDATE) is being used, and stays.
+    No idle bound: Django's delete runs the project's signal receivers, which take the time they
+    take, as in any delete of the project's."""
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-        db.bound_idle(alias, cursor)
         cursor.execute(
-            f"SELECT 1 FROM pgstreams_stream WHERE id = %s AND {_EXPIRED} FOR NO KEY UPDATE SKIP LOCKED",  # constants
+            f"SELECT 1 FROM pgstreams_stream WHERE id = %s AND {_EXPIRED} FOR UPDATE SKIP LOCKED",  # constants
             [stream_id],
         )
         if cursor.fetchone() is None:
@@ -260,43 +262,108 @@ def _visible(stream: Stream | None) -> Stream | None:
     return stream if stream is not None and stream.deleted_at is None else None
 
 
+# Locks a stream's row against every other writer, and against rows that would point at it (an
+# insert of one takes FOR KEY SHARE of it): what Django finds pointing at the stream stays all
+# there is until the transaction ends.
+LOCK_FOR_DELETE_SQL = "SELECT 1 FROM pgstreams_stream WHERE id = %s FOR UPDATE"
+
+# Of some streams, those that forks were made of.
+_FORKED_SQL = "SELECT DISTINCT forked_from_id FROM pgstreams_stream WHERE forked_from_id = ANY(%s)"
+
+# Tombstones: closed, so that writers are refused, and without chunks (forks own copies of theirs).
+_TOMBSTONE_SQL = (
+    "UPDATE pgstreams_stream SET deleted_at = now(), closed_at = coalesce(closed_at, now()) WHERE id = ANY(%s)"
+)
+_EMPTY_SQL = "DELETE FROM pgstreams_chunk WHERE stream_id = ANY(%s)"
+
+
+def check_deletable(alias: str, ids: Collection[uuid.UUID]) -> None:
+    """Ask Django whether it would delete the streams ``ids``, deleting nothing. Forks are never
+    in the way: their ``forked_from`` is SET_NULL, which Django would apply, not refuse. The answer
+    holds while the rows are locked with ``LOCK_FOR_DELETE_SQL``.
+
+    Raises:
+        ProtectedError, RestrictedError: objects of the project keep one (on_delete PROTECT, RESTRICT).
+    """
+    Collector(using=alias).collect(list(Stream.objects.using(alias).filter(pk__in=list(ids))))
+
+
+def delete_streams(alias: str, ids: Collection[uuid.UUID]) -> set[uuid.UUID]:
+    """Delete the streams ``ids``, whose rows the caller's transaction holds with
+    ``LOCK_FOR_DELETE_SQL``, as Django deletes them: the project's objects that point at one go
+    with it as their ``on_delete`` says, and its chunks by the table's own cascade. A stream forks
+    were made of is kept as a tombstone instead, once Django would delete it (its project's objects
+    stay until the tombstone goes). Returns the ids kept as tombstones. Shared by the Durable
+    Streams DELETE, expiry and ``pgstreams_prune``.
+
+    Raises:
+        ProtectedError, RestrictedError: objects of the project keep one of the streams (on_delete
+            PROTECT, RESTRICT); nothing was changed.
+    """
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_FORKED_SQL, [list(ids)])
+        forked = {stream_id for (stream_id,) in cursor.fetchall()}
+        if forked:  # raw SQL makes the tombstones: Django is asked first
+            check_deletable(alias, forked)
+        if rest := [stream_id for stream_id in ids if stream_id not in forked]:
+            Stream.objects.using(alias).filter(pk__in=rest).delete()  # it asks before it deletes anything
+        if forked:
+            cursor.execute(_TOMBSTONE_SQL, [list(forked)])
+            cursor.execute(_EMPTY_SQL, [list(forked)])
+    return forked
+
+
+# A tombstone none of whose forks remain, locked as LOCK_FOR_DELETE_SQL locks (unless another
+# transaction holds it: pruning's sweep takes it later); the stream it was forked from. A
+# tombstone gains no fork: a fork of one is refused under its row lock.
+_ORPHAN_SQL = (
+    "SELECT forked_from_id FROM pgstreams_stream AS t WHERE t.id = %s AND t.deleted_at IS NOT NULL"
+    " AND NOT EXISTS (SELECT 1 FROM pgstreams_stream AS f WHERE f.forked_from_id = t.id) FOR UPDATE SKIP LOCKED"
+)
+
+
+def _remove_orphan(alias: str, stream_id: uuid.UUID) -> tuple[bool, uuid.UUID | None]:
+    """Delete the tombstone ``stream_id`` if its forks are all gone and Django would delete it, in
+    a savepoint of the caller's transaction: a tombstone the project's objects keep stays (and
+    never stops the delete of its fork). Returns whether it went, and the stream it was forked
+    from."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_ORPHAN_SQL, [stream_id])
+        row = cursor.fetchone()
+    if row is None:
+        return False, None
+    try:
+        with transaction.atomic(using=alias):
+            Stream.objects.using(alias).filter(pk=stream_id).delete()
+    except (ProtectedError, RestrictedError):
+        return False, None
+    return True, row[0]
+
+
 def _remove(alias: str, stream: Stream) -> None:
-    """Delete a stream; while forks of it remain, leave a tombstone that keeps its path (closed,
-    so that writers are refused, and without chunks). A tombstone whose last fork this was goes
-    too, and so on up the chain. Its readers learn it once the transaction commits. A stream goes
-    by Django's delete, so the project's objects that point at it go, or keep it, as their
-    ``on_delete`` says (its chunks go with it, by the table's own cascade)."""
+    """Delete a stream as Django deletes it (``delete_streams``); while forks of it remain, leave a
+    tombstone that keeps its path. A tombstone whose last fork this was goes too, if Django would
+    delete it, and so on up the chain. Its readers learn it once the transaction commits.
+
+    Raises:
+        Refused: 409, objects of the project keep the stream (on_delete PROTECT, RESTRICT); or
+            ``Busy``, another transaction holds its row (within a request's LOCK_WAIT).
+    """
+    with connections[alias].cursor() as cursor, busy_if_held(stream.path or str(stream.id)):
+        cursor.execute(LOCK_FOR_DELETE_SQL, [stream.id])  # FOR UPDATE: the lookup's lock lets rows point at it
+    try:
+        kept = delete_streams(alias, [stream.id])
+    except (ProtectedError, RestrictedError):
+        raise Refused(
+            409,
+            f"the stream at {stream.path or stream.id!r} is kept by objects of the project that point at it"
+            " (on_delete PROTECT or RESTRICT): delete them first",
+        ) from None
     gone = [Mark(stream.id, stream.next_offset, True)]
     transaction.on_commit(partial(committed, conf.notify_mode(), gone, 0), using=alias)
-    current: Stream | None = stream
-    with connections[alias].cursor() as cursor:
-        while current is not None:
-            cursor.execute("SELECT 1 FROM pgstreams_stream WHERE forked_from_id = %s LIMIT 1", [current.id])
-            if cursor.fetchone() is not None:
-                cursor.execute(
-                    "UPDATE pgstreams_stream SET deleted_at = now(), closed_at = coalesce(closed_at, now())"
-                    " WHERE id = %s",
-                    [current.id],
-                )
-                cursor.execute("DELETE FROM pgstreams_chunk WHERE stream_id = %s", [current.id])
-                return
-            try:
-                Stream.objects.using(alias).filter(pk=current.id).delete()
-            except (ProtectedError, RestrictedError):
-                raise Refused(
-                    409,
-                    f"the stream at {current.path or current.id!r} is kept by objects of the project that point at it"
-                    " (on_delete PROTECT or RESTRICT): delete them first",
-                ) from None
-            parent = current.forked_from_id
-            current = (
-                Stream.objects.using(alias)
-                .select_for_update(no_key=True)
-                .filter(pk=parent, deleted_at__isnull=False)
-                .first()
-                if parent
-                else None
-            )
+    parent = None if kept else stream.forked_from_id
+    while parent is not None:
+        _, parent = _remove_orphan(alias, parent)
 
 
 def remove(alias: str, stream_id: uuid.UUID) -> bool:
@@ -324,22 +391,31 @@ def remove_expired(alias: str, limit: int) -> int:
     return sum(_remove_if_expired(alias, stream_id) for stream_id in candidates)
 
 
-# Tombstones none of whose forks remain (pruning deletes a closed fork without its source).
+# Tombstones none of whose forks remain (pruning deletes a closed fork without its source), but
+# those seen kept by the project's objects.
 _ORPHANS_SQL = (
-    "DELETE FROM pgstreams_stream AS t WHERE t.deleted_at IS NOT NULL"
-    " AND NOT EXISTS (SELECT 1 FROM pgstreams_stream AS f WHERE f.forked_from_id = t.id)"
+    "SELECT t.id FROM pgstreams_stream AS t WHERE t.deleted_at IS NOT NULL AND t.id <> ALL(%s)"
+    " AND NOT EXISTS (SELECT 1 FROM pgstreams_stream AS f WHERE f.forked_from_id = t.id) LIMIT 100"
 )
 
 
 def remove_orphan_tombstones(alias: str) -> int:
-    """Remove the tombstones whose forks are all gone, up the chains; return how many."""
-    removed = 0
-    with connections[alias].cursor() as cursor:
-        while True:
-            cursor.execute(_ORPHANS_SQL)
-            if cursor.rowcount <= 0:
-                return removed
-            removed += cursor.rowcount
+    """Remove the tombstones whose forks are all gone, up the chains, each in a transaction of its
+    own as Django deletes it (one the project's objects keep stays); return how many went."""
+    removed, kept = 0, []
+    while True:
+        with connections[alias].cursor() as cursor:
+            cursor.execute(_ORPHANS_SQL, [kept])
+            orphans = [stream_id for (stream_id,) in cursor.fetchall()]
+        if not orphans:
+            return removed
+        for stream_id in orphans:
+            with transaction.atomic(using=alias):
+                gone, _ = _remove_orphan(alias, stream_id)
+            if gone:
+                removed += 1
+            else:
+                kept.append(stream_id)
 
 
 def head(request: Any, path: str) -> State:
