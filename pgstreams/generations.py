@@ -7,8 +7,8 @@ without its task, nor a task without its stream (the task backend must keep its 
 ``DATABASE``, as django-tasks-db does). The task calls ``take()`` first: under the stream's row
 lock it takes a new producer epoch, so that an earlier writer of the stream that is only paused
 (a stopped process, a long pause, a partition) is fenced, its writes refused and never stored;
-it gets the chunks stored so far (read once the lock is let go), to go on from there; and the ``Taken`` it returns keeps a
-lease on the stream while the task writes through it.
+it gets the chunks stored so far (read once the lock is let go), to go on from there; and the
+``Taken`` it returns keeps a lease on the stream while the task writes through it.
 
 Each process that started or took a generation runs one generations thread, on one connection:
 it renews the leases of the generations the process writes (while they make progress, a write
