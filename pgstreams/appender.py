@@ -22,10 +22,11 @@ only their own call; a batch the database refuses for a value or a constraint (S
 and 23) is split until the refused item stands alone. A stream writer's chunks wait as one item
 until the appender takes it (``Sends``, ``extend``), so a busy appender gets fewer, larger items
 and its cost per chunk falls as the load rises; such an item is split too, down to the refused
-chunk. Once a chunk of a stream writer fails, its later ones fail unsent, so a stream never has a
-hole behind a chunk that committed after it. This module never reads chunks, and the callers'
-side (checking a chunk, waiting, a writer's flow control) is ``appends``'; notifications go out
-as NOTIFY_MODE says, once per batch, after the callers have their results.
+chunk. Once a chunk of a stream writer fails, its later ones and its close fail unsent, so a
+stream never has a hole behind a chunk that committed after it, nor a close. This module never
+reads chunks, and the callers' side (checking a chunk, waiting, a writer's flow control) is
+``appends``'; notifications go out as NOTIFY_MODE says, once per batch, after the callers have
+their results.
 """
 
 from __future__ import annotations
@@ -379,8 +380,8 @@ def _settle(batch: Sequence[Item], results: Sequence[Result]) -> None:
         if result is DEFERRED:
             continue
         chain = item.chain
-        if chain is not None and chain.failure is None and isinstance(result, BaseException):
-            chain.failure = result
+        if chain is not None and item.future is None and chain.failure is None and isinstance(result, BaseException):
+            chain.failure = result  # a chunk's; the close, last of its chain, has a future to say why it failed
         if item.loop is None:
             _set(item.future, result)
             continue

@@ -4,8 +4,8 @@ chunk and hands the process's appender (``appender``) an item, ``Append`` for a 
 behind its chunks (``_Close``); the appender commits them in batches and settles them. Here: how
 a caller waits (a thread's future, an event loop's future, or a writer's count of chunks
 settled, with at most WRITER_IN_FLIGHT in flight), what it raises, and what a writer whose task
-is cancelled leaves (its chunks and its close commit all the same, a failure is logged). No SQL
-and no thread of its own."""
+is cancelled leaves (its chunks and its close commit all the same, the close never after a chunk
+that failed; a failure is logged). No SQL and no thread of its own."""
 
 from __future__ import annotations
 
@@ -77,8 +77,10 @@ async def aappend(
 
 @dataclass(slots=True, eq=False)
 class _Close(Item):
-    """A stream writer's close (``close=True``), queued behind the chunks it sent: it commits in
-    their batch or a later one, never ahead of them. Its result: the stream's chunk count."""
+    """A stream writer's close (``close=True``), queued behind the chunks it sent, the last item
+    of their chain: it commits in their batch or a later one, never ahead of them, and fails
+    unsent once one of them failed (a stream closed without its tail would look whole). Its
+    result: the stream's chunk count."""
 
     @property
     def size(self) -> int:
@@ -199,8 +201,8 @@ class StreamWriter:
         return the future of its result: the stream's chunk count."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[int] = loop.create_future()
-        item = _Close(self.stream_id, future, loop)
         into, chain = self._into, self._chain
+        item = _Close(self.stream_id, future, loop, chain)
         if into is not None and chain.done < self.sent:
             try:
                 into.submit(item)  # behind them in its queue: committed with them or after
@@ -242,7 +244,8 @@ def stream_writer(stream_id: Any, *, close: bool = False, using: str | None = No
     any transaction); leaving the block waits for every chunk sent and raises the first error.
     With ``close=True`` the stream is closed on the way out, after every chunk sent (in the
     batch of the last ones or a later one, never ahead of them), also when the block raises, so
-    its readers are not left waiting.
+    its readers are not left waiting; not if a chunk sent failed (the stream stays open rather
+    than look whole without it).
 
     A task cancelled in the block, or while its exit waits (as an ASGI server cancels a request
     whose client went away), ends cancelled at once; what it sent still commits, in order, then

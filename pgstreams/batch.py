@@ -1,9 +1,14 @@
-"""One batch of the append path, in its transaction: the rows of the batch's streams locked and
-read in id order (one another transaction holds is left for a later batch, never waited on),
-each item judged in arrival order against the streams as the batch leaves them so far
+"""One batch of the append path, in its transaction: the rows of the batch's streams read as last
+committed, each item judged in arrival order against the streams as the batch leaves them so far
 (``Item.judge``: closed, content type, an idempotent producer's epoch and seq, and whatever the
 item's own kind adds), and everything accepted written in one statement: the chunks, the
-streams' rows, the producers' states. Each item's result is made once the offsets are known.
+streams' rows, the producers' states. That statement also locks the rows it writes, in id order,
+and writes only to those still as they were read; one another transaction holds, or wrote
+meanwhile, is left with its items for a later batch, never waited on (a refusal, of a stream
+written nothing, stands on the rows as read). The server has the whole statement, its data with
+it, before it locks anything: a process stopped while it sends a batch holds no row meanwhile
+(once the rows are locked, the idle bound of ``db.begin_bounded_sql`` holds). Each item's result
+is made once the offsets are known.
 
 The items are what the callers hand the appender: ``Append`` for ``append()``/``aappend()``,
 ``Sends`` for a stream writer's chunks gathered while they wait, the Durable Streams endpoint's
@@ -32,18 +37,15 @@ from .types import Mark, Producer
 # database's clock at this moment (a transaction's now() is its start); NULL for neither. The
 # Durable Streams endpoint judges expiry by the same expression.
 EXPIRY_PASSED = "(expires_at <= clock_timestamp() OR used_at + make_interval(secs => ttl) <= clock_timestamp())"
-# The batch's streams, locked in id order, as they are; those another transaction holds are
-# skipped (SKIP LOCKED): their items wait for a later batch. Expired streams count as gone. Each
-# row comes back under its place in the array sent, not its id: an int is cheaper to load than a
-# UUID, and the batch has the ids already.
-LOCK_SQL = f"""
+# The batch's streams as last committed, in id order (no lock: WRITE_SQL takes it). Expired
+# streams count as gone. Each row comes back under its place in the array sent, not its id: an
+# int is cheaper to load than a UUID, and the batch has the ids already.
+READ_SQL = f"""
 SELECT w.n::int, content_type, next_offset, closed_at IS NOT NULL, writer_seq, owner_id, ttl, expires_at,
        deleted_at IS NOT NULL OR coalesce({EXPIRY_PASSED}, false)
 FROM unnest(%b::uuid[]) WITH ORDINALITY AS w(id, n) JOIN pgstreams_stream AS s ON s.id = w.id
-ORDER BY s.id FOR NO KEY UPDATE OF s SKIP LOCKED
+ORDER BY s.id
 """
-# Which of the streams not locked exist: those are held by another transaction.
-EXISTS_SQL = "SELECT id FROM pgstreams_stream WHERE id = ANY(%s)"
 PRODUCERS_SQL = """
 SELECT p.stream_id, p.producer_id, p.epoch, p.seq
 FROM pgstreams_producer AS p JOIN unnest(%s::uuid[], %s::text[]) AS w(stream_id, producer_id)
@@ -51,11 +53,33 @@ FROM pgstreams_producer AS p JOIN unnest(%s::uuid[], %s::text[]) AS w(stream_id,
 """
 # Everything the batch accepted, in one statement, its arrays sent in binary (cheaper to build),
 # and sent empty where every element would be NULL or false (unnest pads the shorter arrays with
-# NULLs; a NULL ``closing`` closes nothing): the streams' rows move (a closing item closes,
-# writer_seq moves on, a stream with a TTL counts the write as use); the chunks go in; the
-# producers' states move; the commit waits at SYNCHRONOUS_COMMIT, for this transaction only.
-WRITE_SQL = """
-WITH moved AS (
+# NULLs; a NULL ``closing`` closes nothing). First the rows it writes are locked, in id order,
+# those another transaction holds skipped (SKIP LOCKED: no wait, no deadlock), and those no longer
+# as the batch read them (``was``: next_offset, writer_seq, owner; its producers' states; still
+# open and not gone; and not written since this statement's snapshot, which a lock that found a
+# later row version tells by its xmin) left out too: nothing of theirs is written. Then the
+# locked streams' rows move (a closing item closes, writer_seq moves on, a stream with a TTL
+# counts the write as use); their chunks go in; their producers' states move; the commit waits at
+# SYNCHRONOUS_COMMIT, for this transaction only. Returns the streams written.
+WRITE_SQL = f"""
+WITH locked AS MATERIALIZED (
+    SELECT s.id
+    FROM unnest(%(ids)b::uuid[], %(was_next)b::bigint[], %(was_seqs)b::text[], %(was_owners)b::text[])
+        AS was(id, next_offset, writer_seq, owner_id)
+    JOIN pgstreams_stream AS s ON s.id = was.id
+    WHERE s.next_offset = was.next_offset AND s.writer_seq IS NOT DISTINCT FROM was.writer_seq
+      AND s.owner_id::text IS NOT DISTINCT FROM was.owner_id
+      AND s.closed_at IS NULL AND s.deleted_at IS NULL AND NOT coalesce({EXPIRY_PASSED}, false)
+      AND s.xmin = (SELECT xmin FROM pgstreams_stream WHERE id = was.id)
+      AND NOT EXISTS (
+          SELECT FROM unnest(
+              %(known_ids)b::uuid[], %(known_names)b::text[], %(known_epochs)b::bigint[], %(known_seqs)b::bigint[]
+          ) AS k(stream_id, producer_id, epoch, seq)
+          LEFT JOIN pgstreams_producer AS p ON p.stream_id = k.stream_id AND p.producer_id = k.producer_id
+          WHERE k.stream_id = was.id AND (p.epoch, p.seq) IS DISTINCT FROM (k.epoch, k.seq)
+      )
+    ORDER BY s.id FOR NO KEY UPDATE OF s SKIP LOCKED
+), moved AS (
     UPDATE pgstreams_stream AS s
     SET next_offset = m.next_offset,
         closed_at = CASE WHEN m.closing THEN coalesce(s.closed_at, now()) ELSE s.closed_at END,
@@ -63,21 +87,24 @@ WITH moved AS (
         used_at = CASE WHEN s.ttl IS NULL THEN s.used_at ELSE clock_timestamp() END
     FROM unnest(%(ids)b::uuid[], %(next)b::bigint[], %(closing)b::bool[], %(seqs)b::text[])
         AS m(id, next_offset, closing, writer_seq)
-    WHERE s.id = m.id
+    WHERE s.id = m.id AND m.id IN (SELECT id FROM locked)
 ), written AS (
     INSERT INTO pgstreams_chunk (stream_id, "offset", data, blob, created_at)
     SELECT c.stream_id, c.off, c.data, c.blob, now()
     FROM unnest(%(chunk_ids)b::uuid[], %(offsets)b::bigint[], %(texts)b::text[], %(blobs)b::bytea[])
         AS c(stream_id, off, data, blob)
+    WHERE c.stream_id IN (SELECT id FROM locked)
 ), saved AS (
     INSERT INTO pgstreams_producer (stream_id, producer_id, epoch, seq)
     SELECT * FROM unnest(
         %(producer_ids)b::uuid[], %(producer_names)b::text[], %(epochs)b::bigint[], %(pseqs)b::bigint[]
-    )
+    ) AS v(stream_id, producer_id, epoch, seq)
+    WHERE v.stream_id IN (SELECT id FROM locked)
     ON CONFLICT (stream_id, producer_id) DO UPDATE SET epoch = excluded.epoch, seq = excluded.seq
 )
 SELECT pg_current_xact_id()::text, pg_backend_pid(),
-       set_config('synchronous_commit', coalesce(%(level)s, current_setting('synchronous_commit')), true)
+       set_config('synchronous_commit', coalesce(%(level)s, current_setting('synchronous_commit')), true),
+       array(SELECT id FROM locked)
 """
 
 Result = Any  # what a caller gets: its item's result, or the exception that refused it
@@ -129,10 +156,11 @@ class NotJudged(Exception):
 
 
 class Chain:
-    """The items of one stream writer: once one of them fails, the later ones fail with it
-    instead of committing after it (a stream with a hole in the middle would look whole). Its
-    items have no futures: the appender tells the chain, on its writer's event loop, how many
-    more of their chunks have their results (``settled``)."""
+    """The items of one stream writer: once one of them fails, the later ones (its close too)
+    fail with it instead of committing after it (a stream with a hole in the middle would look
+    whole). Its chunks' items have no futures: the appender tells the chain, on its writer's
+    event loop, how many more of their chunks have their results (``settled``); the close has
+    one."""
 
     __slots__ = ("failure",)
 
@@ -146,8 +174,8 @@ class Chain:
 @dataclass(slots=True, eq=False)
 class Item:
     """One call's append: where it goes, the future its caller waits on (in ``loop``, or None:
-    a thread's; None for an item of a stream writer's ``chain``), and the chain it belongs to,
-    if any. Subclasses judge it."""
+    a thread's; None for a stream writer's chunks, which its ``chain`` counts), and the chain it
+    belongs to, if any. Subclasses judge it."""
 
     stream_id: uuid.UUID
     future: asyncio.Future[Any] | concurrent.futures.Future[Any] | None
@@ -306,20 +334,19 @@ def run(
     held: frozenset[uuid.UUID] = frozenset(),
 ) -> Outcome:
     """Judge and write ``items`` in the transaction open on ``conn``; the caller commits. Items
-    of the streams in ``held`` are deferred, as those of streams another transaction holds."""
+    of the streams in ``held`` are deferred, as those of streams another transaction holds or
+    wrote since they were read."""
     inserts = [item for item in items if isinstance(item, Insert)]
     ids = list({item.stream_id: None for item in items if not isinstance(item, Insert)})
     rows: dict[uuid.UUID, Row] = {}
     if ids:
-        found = conn.execute(LOCK_SQL, [ids], prepare=prepare).fetchall()
+        found = conn.execute(READ_SQL, [ids], prepare=prepare).fetchall()
         rows = {row.id: row for row in (Row(ids[n - 1], *rest) for n, *rest in found)}
-    if len(rows) < len(ids):
-        missing = [sid for sid in ids if sid not in rows]
-        held = held | {sid for (sid,) in conn.execute(EXISTS_SQL, [missing]).fetchall()}
+    was = {row.id: (row.next_offset, row.writer_seq) for row in rows.values()}  # as read: WRITE_SQL checks
     states = _producer_states(conn, items, rows)
+    known = dict(states)  # as read, likewise
     results: list[Result] = []
     accepted: list[tuple[int, Row, Accepted, int | None]] = []  # by the item's index
-    deferred: list[Item] = []
     broken: dict[Chain, BaseException] = {}
     for i, item in enumerate(items):
         chain, sid = item.chain, item.stream_id
@@ -331,7 +358,6 @@ def run(
             results.append(error(StreamError, f"an earlier chunk of this writer failed: {cause}", cause))
             continue
         if held and sid in held:  # a UUID's hash is a Python call: skip it for none held
-            deferred.append(item)
             results.append(DEFERRED)
             continue
         row = rows.get(sid)
@@ -350,10 +376,19 @@ def run(
         if key is not None and verdict.producer is not None:
             states[key] = (verdict.producer.epoch, verdict.producer.seq)
         accepted.append((i, row, verdict, first))
-    outcome = Outcome(results, [], [], deferred=deferred)
+    outcome = Outcome(results, [], [])
     moved = [row for row in rows.values() if row.moved]
     if moved:
-        xid, pid, _ = conn.execute(WRITE_SQL, _params(accepted, moved, states, level), prepare=prepare).fetchone()
+        params = _params(accepted, moved, states, level) | _was(items, moved, was, known)
+        xid, pid, _, locked = conn.execute(WRITE_SQL, params, prepare=prepare).fetchone()
+        if len(locked) < len(moved):  # their items wait for a later batch, judged anew
+            lost = {row.id for row in moved} - set(locked)
+            for i, item in enumerate(items):
+                if item.stream_id in lost and not isinstance(item, Insert):
+                    results[i] = DEFERRED
+            accepted = [entry for entry in accepted if entry[1].id not in lost]
+            moved = [row for row in moved if row.id not in lost]
+    if moved:
         outcome.xid, outcome.pid = xid, pid
         outcome.marks = [Mark(row.id, row.next_offset, row.closed) for row in moved]
         outcome.closed = [mark for mark, row in zip(outcome.marks, moved, strict=True) if row.closing]
@@ -361,6 +396,7 @@ def run(
         outcome.written = sum(len(verdict.chunks) for _, _, verdict, _ in accepted)
     for i, row, verdict, first in accepted:
         results[i] = items[i].result(row, first, verdict)
+    outcome.deferred = [item for item, result in zip(items, results, strict=True) if result is DEFERRED]
     if inserts:
         made = _insert(conn, inserts, level)
         for i, item in enumerate(items):
@@ -475,6 +511,27 @@ def _params(
         "epochs": [epoch for epoch, _ in saved.values()],
         "pseqs": [seq for _, seq in saved.values()],
         "level": level,
+    }
+
+
+def _was(
+    items: list[Item], moved: list[Row], was: dict[uuid.UUID, tuple[int, str | None]], known: dict
+) -> dict[str, Any]:
+    """WRITE_SQL's check: the ``moved`` rows as read (next_offset, writer_seq, owner), and the
+    states read of the producers judged on them (None for none yet)."""
+    seqs = [was[row.id][1] for row in moved]
+    owners = [None if row.owner_id is None else str(row.owner_id) for row in moved]
+    ids = {row.id for row in moved}
+    judged = {(item.stream_id, item.producer.id) for item in items if item.producer is not None}
+    pairs = [(key, known.get(key)) for key in judged if key[0] in ids]
+    return {
+        "was_next": [was[row.id][0] for row in moved],
+        "was_seqs": seqs if any(seq is not None for seq in seqs) else [],
+        "was_owners": owners if any(owner is not None for owner in owners) else [],
+        "known_ids": [sid for (sid, _), _ in pairs],
+        "known_names": [name for (_, name), _ in pairs],
+        "known_epochs": [state[0] if state else None for _, state in pairs],
+        "known_seqs": [state[1] if state else None for _, state in pairs],
     }
 
 

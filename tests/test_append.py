@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import random
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -21,7 +25,7 @@ from pgstreams import appender, appends, conf, db, listener, notify, resolution
 from pgstreams import batch as batches
 from pgstreams.durable import creates
 from pgstreams.models import Chunk, Stream
-from tests.helpers import Rollback, appender_held, heard, listen_everywhere
+from tests.helpers import ROOT, Rollback, appender_held, heard, listen_everywhere, subprocess_database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -779,3 +783,74 @@ def test_a_committed_batch_that_wrote_no_chunk_is_found_committed_after_its_rows
         traces = resolution.traces(items, batch)
         lost = RuntimeError("lost")
         assert resolution.committed(target._connection, target._close, batch.xid, batch.pid, [], lost, traces) is True
+
+
+# A process whose appender sends batches of several MiB (64 threads appending chunks of 60 KB to
+# one stream until it is closed), printing its pid first.
+_FLOODER = """
+import os, sys, threading
+import django
+django.setup()
+import pgstreams
+
+print(os.getpid(), flush=True)
+
+def run(t):
+    for i in range(100000):
+        pgstreams.append(sys.argv[1], f"{t}:{i}:" + "x" * 60000)
+
+threads = [threading.Thread(target=run, args=(t,), daemon=True) for t in range(64)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+"""
+
+
+@pytest.mark.multiprocess
+def test_an_appender_stopped_while_it_sends_a_batch_holds_no_row_and_a_stop_goes_through_at_once() -> None:
+    """A process (SIGSTOP) stopped while its appender sends a batch of MiBs: the server waits in
+    ClientRead inside the message, where no idle bound runs. It holds no row meanwhile (the batch
+    locks its rows in the statement that carries the data, once the server has all of it), so a
+    stop of the stream commits at once instead of failing after QUERY_TIMEOUT; and the stopped
+    batch, resumed, writes nothing after the stop."""
+    sid = pgstreams.create_stream().id
+    env = {**os.environ, "DATABASE_URL": subprocess_database_url(), "DJANGO_SETTINGS_MODULE": "demo_project.settings"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _FLOODER, str(sid)], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        name = f"pgstreams appender {int(proc.stdout.readline())}"
+        landed = None
+        deadline = time.monotonic() + 60
+        while landed is None and time.monotonic() < deadline:  # bounded: until a stop lands inside a send
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND state = 'active'"
+                    " AND wait_event = 'ClientRead'",
+                    [name],
+                )
+                found = cursor.fetchone()
+            if found is None:
+                continue
+            proc.send_signal(signal.SIGSTOP)
+            time.sleep(0.2)
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT state, wait_event FROM pg_stat_activity WHERE pid = %s", [found[0]])
+                if cursor.fetchone() == ("active", "ClientRead"):
+                    landed = found[0]
+                else:
+                    proc.send_signal(signal.SIGCONT)
+        assert landed is not None, "the stop never landed inside a batch's send"
+        began = time.monotonic()
+        last = pgstreams.append(sid, "stopped", close=True)  # StreamError after QUERY_TIMEOUT if held
+        assert time.monotonic() - began < db.idle_bound()
+        proc.send_signal(signal.SIGCONT)
+        time.sleep(1.0)  # the stopped batch goes on, and finds the stream closed
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        proc.kill()
+        proc.wait(10)
+    chunks = stored(sid)
+    assert [offset for offset, _ in chunks] == list(range(last + 1))
+    assert chunks[-1] == (last, "stopped")

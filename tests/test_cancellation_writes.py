@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from django.test import override_settings
 
 import pgstreams
 from pgstreams import appender, conf, db
@@ -235,3 +236,43 @@ def test_a_writers_close_waits_for_chunks_left_in_an_appender_stopped_under_it()
     assert asyncio.run(generate()) == CHUNKS
     appender.stop_appenders()
     assert whole_then_closed(sid)
+
+
+def test_a_cancelled_writers_close_queued_behind_chunks_that_failed_on_a_held_row_fails_with_them(caplog) -> None:
+    """Another transaction holds the stream's row: a writer's chunks wait for it, its block ends
+    a second later (its close queued then, behind them), and its task is cancelled while its exit
+    waits. The chunks fail after QUERY_TIMEOUT; the row is freed before the close's own
+    QUERY_TIMEOUT has run out, but the close belongs to their chain and fails with them: the
+    stream stays open rather than look cleanly finished without its chunks, and the log says
+    why."""
+    timeout = 3.0
+    sid = pgstreams.create_stream().id
+    holder = psycopg.connect(**db.connect_kwargs(conf.database(), "test"))
+    holder.execute("BEGIN")
+    holder.execute("SELECT 1 FROM pgstreams_stream WHERE id = %s FOR UPDATE", [sid])
+
+    async def request() -> None:
+        async with pgstreams.stream_writer(sid, close=True) as w:
+            for i in range(5):
+                await w.send(f"chunk {i}")
+            await asyncio.sleep(1.5)  # the model's last tokens, then the block ends
+
+    async def main() -> None:
+        began = asyncio.get_running_loop().time()
+        task = asyncio.ensure_future(request())
+        await asyncio.sleep(1.8)  # the exit waits for the commits: the client goes away
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await asyncio.sleep(began + timeout + 0.75 - asyncio.get_running_loop().time())
+        holder.execute("ROLLBACK")  # after the chunks' deadline, before the close's
+        await asyncio.sleep(2.0)
+
+    try:
+        with override_settings(PGSTREAMS={"QUERY_TIMEOUT": timeout}), caplog.at_level(logging.WARNING):
+            asyncio.run(main())
+    finally:
+        holder.close()
+    assert Stream.objects.get(pk=sid).closed_at is None
+    assert Chunk.objects.filter(stream_id=sid).count() == 0
+    logged = [r.getMessage() for r in caplog.records]
+    assert any("its cancelled writer sent failed" in m and "held by another transaction" in m for m in logged), logged
