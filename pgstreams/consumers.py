@@ -177,8 +177,10 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
             self.abandon()
 
     def abandon(self) -> None:
-        """End the consumer without its client (which reads nothing): the server drops the
-        connection. Raises StopConsumer in the consumer's main task; cancels it from another."""
+        """End the consumer without its client (which reads nothing), holding nothing of it.
+        daphne then drops the connection; uvicorn and granian close it once the client has taken
+        the frames they queued (ASGI cannot reset one), so it stays while the client stays.
+        Raises StopConsumer in the consumer's main task; cancels it from another."""
         self.abandoned = True
         self.stop()
         if self.main is asyncio.current_task():
