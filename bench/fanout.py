@@ -6,8 +6,9 @@ its wall-clock time), which starts once every subscriber has connected and the s
 each (its metrics say so: a WebSocket is accepted before its authorization lookup). Per shape:
 how long the subscribers took to connect (the connect storm) and how much longer until the server
 followed them all, deliveries/s, e2e p50/p99/max, coverage,
-duplicates and gaps, the server's CPU per delivery and peak RSS, the subscribers' own CPU; and
-the ceiling in the same run: the raw ASGI application of ``raw_asgi`` on the same server, sending
+duplicates and gaps, the server's CPU per delivery and peak RSS, the subscribers' own CPU, where
+a delivery's CPU goes (the writer process, Postgres, the server, and their sum); and the
+ceiling in the same run: the raw ASGI application of ``raw_asgi`` on the same server, sending
 the same subscribers the same bytes at the same rate, pgstreams reported as a fraction of it.
 ``--idle`` measures what idle WebSockets and SSE connections cost the server, and the raw app,
 from IDLE_SETTLE after the server follows them all (their first reads, and the collector's work
@@ -34,8 +35,9 @@ import httpx
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-from . import procs
+from . import cpu, procs
 from .durable import NODE, _node
+from .report import Column, _grid
 from .run import boot
 from .servers import server_command
 from .ws import PeakMemory, _free_port, _wait_for_port
@@ -109,12 +111,6 @@ def serving(server: str, app: str) -> Iterator[tuple[str, psutil.Process]]:
 def _rss(process: psutil.Process) -> int:
     """Resident memory of a process and its children (a server's workers)."""
     return sum(p.memory_info().rss for p in [process, *process.children(recursive=True)])
-
-
-def _cpu(process: psutil.Process) -> float:
-    """CPU seconds of a process and its children (a server's workers)."""
-    times = [process.cpu_times()] + [c.cpu_times() for c in process.children(recursive=True)]
-    return sum(t.user + t.system for t in times)
 
 
 def _subscribers(
@@ -239,17 +235,23 @@ def _pgstreams_run(node: str, server: str, transport: str, shape: Shape, seconds
             time.sleep(SETTLE)
             memory = PeakMemory(process.pid)
             memory.start()
-            cpu = _cpu(process)
+            postmaster = cpu.postmaster()
+            server_cpu, postgres_cpu = cpu.tree(process), cpu.postgres(postmaster)
             go.set()
-            written = results.get(timeout=seconds + 120)
+            written: procs.ClockWriterResult = results.get(timeout=seconds + 120)
             out = _collect(clients, timeout=SETTLE + seconds + DRAIN + 60)
-            cpu = _cpu(process) - cpu
+            server_cpu, postgres_cpu = cpu.tree(process) - server_cpu, cpu.postgres(postmaster) - postgres_cpu
             memory.stop.set()
         writer.join(30)
     finally:
         Stream.objects.using(conf.database()).filter(label="pgstreams-bench-fanout").delete()
-    expected = sum(written.values()) * shape.subscribers
-    return {**_figures(out, cpu, memory.peak, seconds, expected, connect), "followed_s": round(followed, 2)}
+    expected = sum(written.chunks.values()) * shape.subscribers
+    parts = {"writer": written.cpu_seconds, "postgres": postgres_cpu, "server": server_cpu}
+    return {
+        **_figures(out, server_cpu, memory.peak, seconds, expected, connect),
+        **cpu.per_delivery(parts, _delivered(out)),
+        "followed_s": round(followed, 2),
+    }
 
 
 def _ceiling_run(node: str, server: str, transport: str, shape: Shape, seconds: float) -> dict[str, Any]:
@@ -261,19 +263,23 @@ def _ceiling_run(node: str, server: str, transport: str, shape: Shape, seconds: 
         time.sleep(SETTLE)
         memory = PeakMemory(process.pid)
         memory.start()
-        cpu = _cpu(process)
+        server_cpu = cpu.tree(process)
         httpx.post(f"{base}/raw/start", json={"streams": streams, "rate": shape.rate, "seconds": seconds}, timeout=60)
         out = _collect(clients, timeout=SETTLE + seconds + DRAIN + 60)
-        cpu = _cpu(process) - cpu
+        server_cpu = cpu.tree(process) - server_cpu
         memory.stop.set()
     expected = chunks * shape.streams * shape.subscribers
-    return _figures(out, cpu, memory.peak, seconds, expected, connect)
+    return _figures(out, server_cpu, memory.peak, seconds, expected, connect)
+
+
+def _delivered(out: list[dict[str, Any]]) -> int:
+    return sum(r["deliveries"] for r in out)
 
 
 def _figures(
-    out: list[dict[str, Any]], cpu: float, peak: int, seconds: float, expected: int, connect: float
+    out: list[dict[str, Any]], server_cpu: float, peak: int, seconds: float, expected: int, connect: float
 ) -> dict[str, Any]:
-    deliveries = sum(r["deliveries"] for r in out)
+    deliveries = _delivered(out)
     return {
         "connect_s": round(connect, 2),  # until every subscriber had connected
         "deliveries_per_s": round(deliveries / seconds, 1),
@@ -281,8 +287,8 @@ def _figures(
         "coverage": round(deliveries / expected, 4) if expected else None,
         "duplicates": sum(r["duplicates"] for r in out),
         "gaps": sum(r["gaps"] for r in out),
-        "server_cpu_us_per_delivery": round(cpu / deliveries * 1e6, 2) if deliveries else None,
-        "server_cpu_seconds": round(cpu, 2),
+        "server_cpu_us_per_delivery": cpu.us_per(server_cpu, deliveries, 2),
+        "server_cpu_seconds": round(server_cpu, 2),
         "server_peak_mib": round(peak / 2**20, 1),
         "client_cpu_seconds": round(sum(r["cpu_seconds"] for r in out), 2),
         "errors": [e for r in out for e in r["errors"]][:5],
@@ -311,9 +317,9 @@ def _idle_run(node: str, server: str, transport: str, connections: int, app: str
             connect = _connected(clients)
             followed = _followed(base, transport, connections) if app.startswith("demo_project") else 0.0
             time.sleep(IDLE_SETTLE)
-            cpu, rss = _cpu(process), _rss(process)
+            idle_cpu, rss = cpu.tree(process), _rss(process)
             time.sleep(10.0)
-            cpu = _cpu(process) - cpu
+            idle_cpu = cpu.tree(process) - idle_cpu
             _collect(clients, timeout=60)
     finally:
         Stream.objects.using(conf.database()).filter(label="pgstreams-bench-fanout").delete()
@@ -322,7 +328,7 @@ def _idle_run(node: str, server: str, transport: str, connections: int, app: str
         "connect_s": round(connect, 2),
         "followed_s": round(followed, 2),  # after connect_s: until the server followed every one
         "kib_per_connection": round((rss - before) / connections / 1024, 1),
-        "idle_cpu_percent": round(cpu / 10.0 * 100, 1),
+        "idle_cpu_percent": round(idle_cpu / 10.0 * 100, 1),
     }
 
 
@@ -374,4 +380,32 @@ def table(report: dict[str, Any]) -> str:
             f"{e['p50'] or 0:>7} {e['p99'] or 0:>7} {e['max'] or 0:>7} {p['coverage'] or 0:>9} "
             f"{p['server_cpu_us_per_delivery'] or 0:>12} {'-' if ratio is None else ratio:>11}"
         )
-    return "\n".join(lines)
+    return "\n".join(
+        lines + _cpu_table([row for row in report["runs"] if "total_cpu_us_per_delivery" in row.get("pgstreams", {})])
+    )
+
+
+def _us(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+CPU_COLUMNS: list[Column] = [
+    ("server, transport, shape", 30, lambda r: f"{r['server']} {r['transport']} {r['shape']}"),
+    ("writer", 9, lambda r: _us(r["pgstreams"]["writer_cpu_us_per_delivery"])),
+    ("postgres", 9, lambda r: _us(r["pgstreams"]["postgres_cpu_us_per_delivery"])),
+    ("server", 9, lambda r: _us(r["pgstreams"]["server_cpu_us_per_delivery"])),
+    ("sum", 9, lambda r: _us(r["pgstreams"]["total_cpu_us_per_delivery"])),
+    ("raw app", 9, lambda r: _us(r["ceiling"]["server_cpu_us_per_delivery"]) if "ceiling" in r else "-"),
+]
+
+
+def _cpu_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Where a delivery's CPU goes, for the runs that measured it (none in reports made before)."""
+    if not rows:
+        return []
+    return [
+        "",
+        "CPU per delivery, us: writer = its process (stream_writer and the appender), postgres = every process "
+        "of the server, server = the one serving the subscribers; raw app = its server, the whole of its cost",
+        *_grid(CPU_COLUMNS, rows),
+    ]

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from queue import Empty
 from typing import Any
 
-from . import procs, run
+from . import cpu, procs, run
 from .scratch import ScratchServer, installed
 from .ws import _free_port
 
@@ -316,16 +316,16 @@ def _fleet_run(config: FleetConfig, boot: procs.Boot, streams: list[str], count:
     try:
         for _ in children:
             _get(ready, children, 300)
-        postmaster = _postmaster()
+        postmaster = cpu.postmaster()
         reading = [psutil.Process(r.pid) for r in readers]
-        postgres_before, readers_before = _cpu(postmaster.children()), _cpu(reading)
+        postgres_before, readers_before = cpu.postgres(postmaster), cpu.each(reading)
         go.set()
         began = time.monotonic()
         # CPU over the writing, up to just before its end: then the writer closes the streams and
-        # the readers, done, exit, and the CPU of their backends could no longer be asked.
+        # the readers, done, exit, and their CPU could no longer be asked.
         time.sleep(max(0.5, config.duration - 0.2))
-        postgres_cpu = sum(_cpu(postmaster.children(), since=postgres_before).values())
-        readers_cpu = sum(_cpu(reading, since=readers_before).values())
+        postgres_cpu = cpu.postgres(postmaster) - postgres_before
+        readers_cpu = sum(cpu.each(reading, since=readers_before).values())
         measured = time.monotonic()
         collected = [_get(results, children, 180) for _ in children]
     finally:
@@ -351,35 +351,9 @@ def _fleet_run(config: FleetConfig, boot: procs.Boot, streams: list[str], count:
         "entries_per_process_s": round(sum(r.entries / r.elapsed for r in got) / len(got), 1),
         "notifications_per_process_s": round(sum(r.notifications / r.elapsed for r in got) / len(got), 1),
         "fetches_per_process_s": round(sum(r.fetches / r.elapsed for r in got) / len(got), 1),
-        "postgres_us_per_delivery": round(1e6 * postgres_cpu / delivered, 1) if delivered else None,
-        "readers_us_per_delivery": round(1e6 * readers_cpu / delivered, 1) if delivered else None,
+        "postgres_us_per_delivery": cpu.us_per(postgres_cpu, delivered),
+        "readers_us_per_delivery": cpu.us_per(readers_cpu, delivered),
     }
-
-
-def _postmaster() -> Any:
-    """The postmaster of the server that the project's database runs on; its children are the
-    server's processes."""
-    import psutil
-    from django.db import connections
-
-    from pgstreams import conf
-
-    with connections[conf.database()].cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        return psutil.Process(cursor.fetchone()[0]).parent()
-
-
-def _cpu(processes: list[Any], since: dict[int, float] | None = None) -> dict[int, float]:
-    """User and system CPU seconds of each of ``processes`` by pid, less what it had ``since``
-    (a process that started since counts all of its own)."""
-    import psutil
-
-    used = {}
-    for process in processes:
-        with contextlib.suppress(psutil.Error):
-            times = process.cpu_times()
-            used[process.pid] = times.user + times.system - (since or {}).get(process.pid, 0.0)
-    return used
 
 
 def fleet_table(report: dict[str, Any]) -> str:

@@ -6,8 +6,9 @@ WebSocket clients of one daphne process); the same shape once per write method, 
 fresh streams and fresh processes. ``find_max`` raises T step by step, S fixed, until the shape
 no longer holds. This module creates the streams, starts the processes, releases the writers
 together, prints a progress line, samples the server's transaction count during the writing
-window and turns what the children report into one row per run. It writes no chunk itself (the
-children are in ``llm_procs.py``) and draws nothing (``report.py`` does).
+window and the CPU of Postgres (and, with ``ws``, of daphne) from the release until every child
+has reported, and turns what the children report into one row per run. It writes no chunk itself
+(the children are in ``llm_procs.py``) and draws nothing (``report.py`` does).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from django.db import connections
 
 from pgstreams import conf
 
-from . import llm_procs, procs
+from . import cpu, llm_procs, procs
 from .llm_procs import APPEND_METHODS, METHODS, PACE
 from .run import CDF_KEYS, LATENCY_KEYS, boot, cleanup, create_streams, machine, percentiles
 
@@ -130,11 +131,12 @@ def run_method(config: LlmConfig, method: str, say: Say = print) -> dict[str, An
     try:
         with _readers(ctx, children_boot, config, streams, channels) as (readers, memory):
             writers = _writers(ctx, children_boot, config, method, streams, channels)
-            collected, xact_rate = _drive(readers + writers, channels, config, method, say)
+            server = memory.process if memory is not None else None
+            collected, xact_rate, measured = _drive(readers + writers, channels, config, method, say, server)
     finally:
         cleanup()
     server_peak = memory.peak if memory is not None else None
-    return summarize(method, config, streams, collected, xact_rate, server_peak)
+    return summarize(method, config, streams, collected, xact_rate, server_peak, measured)
 
 
 def _writers(
@@ -208,26 +210,35 @@ def _daphne(ctx: Any, children_boot: procs.Boot) -> Iterator[tuple[int, Any]]:
 
 
 def _drive(
-    children: list[Any], channels: Channels, config: LlmConfig, method: str, say: Say
-) -> tuple[list[tuple[str, Any]], float]:
+    children: list[Any], channels: Channels, config: LlmConfig, method: str, say: Say, server: Any
+) -> tuple[list[tuple[str, Any]], float, dict[str, float]]:
     """Start the children, release the writers once all are ready, and return one (kind,
-    result) from each child with the server's transactions/s during the writing window."""
+    result) from each child with the server's transactions/s during the writing window and the
+    CPU seconds (``_cpu_now``) from the release until every child has reported."""
     try:
         for child in children:
             child.start()
         for _ in children:
             channels.ready.get(timeout=120)
-        samples = [(time.monotonic(), _xacts())]
+        postmaster = cpu.postmaster()
+        samples, before = [(time.monotonic(), _xacts())], _cpu_now(postmaster, server)
         channels.go.set()
         samples += _window(channels, config, method, say)
         collected = _collect(len(children), channels, config, method, samples[0][0], say)
+        measured = {part: seconds - before[part] for part, seconds in _cpu_now(postmaster, server).items()}
         for child in children:
             child.join(30)
-        return collected, _xact_rate(samples)
+        return collected, _xact_rate(samples), measured
     finally:
         for child in children:
             if child.is_alive():
                 child.kill()
+
+
+def _cpu_now(postmaster: Any, server: Any) -> dict[str, float]:
+    """CPU seconds so far of Postgres and, with --ws, of the daphne server (``aread`` readers
+    measure their own)."""
+    return {"postgres": cpu.postgres(postmaster), **({"server": cpu.tree(server)} if server is not None else {})}
 
 
 def _xacts() -> int:
@@ -285,6 +296,7 @@ def summarize(
     collected: list[tuple[str, Any]],
     xact_rate: float,
     server_peak: int | None,
+    measured: dict[str, float],
 ) -> dict[str, Any]:
     writers = [r for kind, r in collected if kind == "writer"]
     readers = [r for kind, r in collected if kind != "writer"]
@@ -312,6 +324,7 @@ def summarize(
         "xact_per_s": xact_rate,
         **_reader_figures(readers, server_peak),
         **_writer_figures(writers, config.duration),
+        **_cpu_figures(writers, readers, measured),
     }
 
 
@@ -366,6 +379,18 @@ def _writer_figures(writers: list[llm_procs.TokenWriterResult], duration: float)
         "flusher": _summed([w.flusher for w in writers if w.flusher]),
         "write_errors": sum(w.errors for w in writers),
     }
+
+
+def _cpu_figures(writers: list[Any], readers: list[Any], measured: dict[str, float]) -> dict[str, Any]:
+    """Where a delivered token's CPU goes (``cpu.per_delivery``), per token a reader received: the
+    writer processes' (their appender included), Postgres' and the server's, which is the daphne
+    process with --ws (``measured``), else the ``aread`` reader processes (their own count)."""
+    seconds = {
+        "writer": sum(w.cpu_seconds for w in writers),
+        "postgres": measured.get("postgres"),
+        "server": measured["server"] if "server" in measured else sum(r.cpu_seconds for r in readers),
+    }
+    return cpu.per_delivery(seconds, sum(len(r.offset) for r in readers))
 
 
 def _summed(counts: list[dict[str, Any]]) -> dict[str, Any]:

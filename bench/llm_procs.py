@@ -241,6 +241,7 @@ class TokenReaderResult(Arrivals):
     peak_rss: int = 0  # bytes
     listener: dict[str, Any] = field(default_factory=dict)  # ListenerStats over the run
     unfollowed_us: float = 0.0  # CPU time to hear one entry of a stream this process does not follow
+    cpu_seconds: float = 0.0  # the process's, all threads, from its ready to the end of its reading
     errors: list[str] = field(default_factory=list)
 
 
@@ -262,7 +263,9 @@ async def _read_all(stream_ids: list[str], channels: tuple[Any, ...], slot: int)
     await _until_listening(hub)
     before = hub.stats.snapshot()
     ready.put(("reader", os.getpid()))
+    cpu = time.process_time()
     await _wait_or_stop(tasks, stop, lambda: len(result.offset), progress, slot)
+    result.cpu_seconds = time.process_time() - cpu
     result.unfinished = sum(not task.done() for task in tasks)
     for task in tasks:
         task.cancel()

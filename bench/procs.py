@@ -347,10 +347,17 @@ async def _ws_follow_all(
     return result
 
 
+@dataclass
+class ClockWriterResult:
+    chunks: dict[str, int]  # per stream id: chunks written
+    cpu_seconds: float  # the process's, all threads (the appender's too), from the start to the last commit
+
+
 def clock_writer(boot: Boot, stream_ids: list[str], rate: float, seconds: float, go: Any, results: Any) -> None:
     """The fan-out benchmark's writer: one task per stream writing ``rate`` chunks/s through
     ``stream_writer``, paced on absolute deadlines, each chunk its wall-clock time (a JSON
-    number), for ``seconds``; then it closes the streams and reports the chunks per stream."""
+    number), for ``seconds``; then it closes the streams and reports the chunks per stream and
+    its CPU time."""
     setup(boot)
 
     import pgstreams
@@ -365,9 +372,13 @@ def clock_writer(boot: Boot, stream_ids: list[str], rate: float, seconds: float,
                 n += 1
         return n
 
-    async def main() -> list[int]:
+    async def main() -> ClockWriterResult:
         go.wait()
+        cpu = time.process_time()
         start = time.monotonic()
-        return await asyncio.gather(*(one(sid, i / len(stream_ids) / rate, start) for i, sid in enumerate(stream_ids)))
+        counts = await asyncio.gather(
+            *(one(sid, i / len(stream_ids) / rate, start) for i, sid in enumerate(stream_ids))
+        )
+        return ClockWriterResult(dict(zip(stream_ids, counts, strict=True)), time.process_time() - cpu)
 
-    results.put(dict(zip(stream_ids, asyncio.run(main()), strict=True)))
+    results.put(asyncio.run(main()))

@@ -92,6 +92,22 @@ LLM_NOTE = (
 )
 
 
+LLM_CPU_COLUMNS: list[Column] = [
+    ("method", 14, lambda r: r["method"]),
+    ("tok/s/str", 10, lambda r: f"{r['tokens_per_stream_s']:g}"),
+    ("writer", 9, lambda r: _opt(r["writer_cpu_us_per_delivery"], ".1f")),
+    ("postgres", 9, lambda r: _opt(r["postgres_cpu_us_per_delivery"], ".1f")),
+    ("server", 9, lambda r: _opt(r["server_cpu_us_per_delivery"], ".1f")),
+    ("sum", 9, lambda r: _opt(r["total_cpu_us_per_delivery"], ".1f")),
+]
+
+LLM_CPU_NOTE = (
+    "(CPU per token delivered to a reader, us, from the writers' release until every process reported: writer = "
+    "the writer processes, appender included; postgres = every process of the server; server = the reader "
+    "processes, or the daphne server with --ws)"
+)
+
+
 def _grid(columns: list[Column], rows: list[dict[str, Any]]) -> list[str]:
     """A header, a rule and a fixed-width line per row."""
 
@@ -144,11 +160,20 @@ def _less_pacing(rows: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+def _llm_cpu(rows: list[dict[str, Any]]) -> list[str]:
+    """Where a delivered token's CPU goes, for the rows that measured it (none in reports made before)."""
+    measured = [r for r in rows if "total_cpu_us_per_delivery" in r]
+    return ["", *_grid(LLM_CPU_COLUMNS, measured), LLM_CPU_NOTE] if measured else []
+
+
 def llm_table(report: dict[str, Any]) -> str:
-    """One line per method (or, for --find-max, per step), then the rate that held."""
+    """One line per method (or, for --find-max, per step), then the rate that held; then where a
+    delivered token's CPU goes."""
     if not report.get("find_max"):
-        return "\n".join(_grid(LLM_COLUMNS, report["llm"]) + [LLM_NOTE] + _less_pacing(report["llm"]))
-    lines = _grid(LLM_COLUMNS, [step for sweep in report["find_max"] for step in sweep["steps"]]) + [LLM_NOTE]
+        rows = report["llm"]
+        return "\n".join(_grid(LLM_COLUMNS, rows) + [LLM_NOTE] + _less_pacing(rows) + _llm_cpu(rows))
+    rows = [step for sweep in report["find_max"] for step in sweep["steps"]]
+    lines = _grid(LLM_COLUMNS, rows) + [LLM_NOTE]
     for sweep in report["find_max"]:
         held = sweep["held_tokens_per_stream_s"]
         lines.append(
@@ -156,7 +181,7 @@ def llm_table(report: dict[str, Any]) -> str:
             if held is not None
             else f"{sweep['method']}: did not hold at the first rate"
         )
-    return "\n".join(lines)
+    return "\n".join(lines + _llm_cpu(rows))
 
 
 def replica_table(rows: list[dict[str, Any]]) -> str:

@@ -92,8 +92,8 @@ def test_a_tiny_replica_sweep(tmp_path) -> None:
 @pytest.mark.slow
 def test_a_tiny_fanout_run_over_every_transport(tmp_path) -> None:
     """Each transport delivers every chunk once, in order, to every subscriber, measured only
-    once all of them have connected (the connect storm is reported apart); and the raw ceiling
-    runs beside pgstreams."""
+    once all of them have connected (the connect storm is reported apart); the raw ceiling runs
+    beside pgstreams; and a delivery's CPU is given by part, writer, Postgres and server."""
     out = tmp_path / "fanout.json"
     command = [sys.executable, "manage.py", "pgstreams_bench", "--fanout-shapes", "2x3x5", "--servers", "daphne"]
     command += ["--transports", "ws,sse,ds-sse,ds-lp", "--duration", "1", "--json", str(out)]
@@ -109,7 +109,13 @@ def test_a_tiny_fanout_run_over_every_transport(tmp_path) -> None:
             figures = row[part]
             assert (figures["coverage"], figures["duplicates"], figures["gaps"]) == (1.0, 0, 0), (row, part)
             assert figures["connect_s"] > 0 and figures["errors"] == []
-    assert "connect s" in done.stdout
+        _cpu_parts_add_up(row["pgstreams"])
+    assert "connect s" in done.stdout and "CPU per delivery" in done.stdout
+
+
+def _cpu_parts_add_up(figures: dict) -> None:
+    parts = [figures[f"{part}_cpu_us_per_delivery"] for part in ("writer", "postgres", "server")]
+    assert min(parts) > 0 and figures["total_cpu_us_per_delivery"] == pytest.approx(sum(parts), abs=0.02)
 
 
 @pytest.mark.slow
@@ -229,6 +235,7 @@ def test_a_tiny_llm_run_of_every_write_method(tmp_path, capsys) -> None:
         uses_appender = run["method"] != "awrite"
         assert (run["appender_batches"] is not None and run["appender_batches"] > 0) == uses_appender
         assert 0 <= run["writer_gc_us_per_token"] <= run["writer_cpu_us_per_token"]
+        _cpu_parts_add_up(run)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "sustained/s" in capsys.readouterr().out
 
