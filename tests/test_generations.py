@@ -440,7 +440,8 @@ def test_a_take_stopped_while_it_reads_the_stored_chunks_holds_no_lock() -> None
 
     from tests.helpers import subprocess_database_url
 
-    s = generations.start(count, 10, 0.01, last="failed", lease=1.0, queue_timeout=1.0)  # no worker runs it
+    # No worker runs it, and no takeover comes before the test ends.
+    s = generations.start(count, 10, 0.01, last="failed", lease=600.0, queue_timeout=600.0)
     env = {**os.environ, "DATABASE_URL": subprocess_database_url(), "DJANGO_SETTINGS_MODULE": "demo_project.settings"}
     for i in range(50):  # 30 MB: more than the socket buffers between the server and a stopped client hold
         pgstreams.write_many(s.id, [f"{i}:{j}:" + "y" * 60_000 for j in range(10)])
@@ -463,7 +464,12 @@ def test_a_take_stopped_while_it_reads_the_stored_chunks_holds_no_lock() -> None
                 row = cursor.fetchone()
                 if row is not None and row[0] == "active" and "pgstreams_chunk" in row[1]:
                     taker.send_signal(signal.SIGSTOP)
-                    landed = True
+                    time.sleep(0.2)  # the backend reports where the pause left it
+                    cursor.execute("SELECT state, wait_event FROM pg_stat_activity WHERE pid = %s", [backend])
+                    landed = cursor.fetchone() == ("active", "ClientWrite")  # still sending it the chunks
+                    if not landed:
+                        taker.send_signal(signal.SIGCONT)
+                        break
             if landed:
                 break
             taker.kill()

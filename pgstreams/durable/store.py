@@ -11,7 +11,8 @@ reads wait on the listener in the views, not here.
 Expiry is applied when a stream is looked up: an expired stream is removed there and then, and
 the request sees no stream. A stream deleted while forks of it remain is kept as a tombstone that
 holds its path (``deleted_at``); forks own copies of the chunks they inherit, so the tombstone
-keeps no chunks, and it goes with its last fork.
+keeps no chunks, and it goes with its last fork (unless the project's objects keep it: then
+pruning's sweep takes it once they let it go).
 """
 
 from __future__ import annotations
