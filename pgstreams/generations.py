@@ -12,16 +12,17 @@ it gets the chunks stored so far (read once the lock is let go), to go on from t
 
 Each process that started or took a generation runs one generations thread, on one connection:
 it renews the leases of the generations the process writes (while they make progress, a write
-within ``stall`` seconds, for those started with one), and looks for generations whose lease ran out. The first to look
-takes one over (``FOR UPDATE SKIP LOCKED``: one process, once): it counts an attempt, fences
-the run that held it (a new producer epoch: its writes and renewals are refused from then on)
-and enqueues the task again, in one transaction, the lease then counting the time the task may
-wait for a worker; once a worker starts the run (the Tasks API's ``task_started`` signal) it
-counts ``lease`` again, so that a worker that dies before ``take()`` is taken over as soon as one
-that dies after. A run that ends without ending its generation (its task failed before or
-after ``take()``) gives the lease up as its task finishes (``task_finished``), so the next look
-takes it over at once. After its last attempt a generation ends with
-its ``last`` chunk. A closed stream (finished, stopped) is never taken nor taken over.
+within ``stall`` seconds, for those started with one), and looks for generations whose lease
+ran out. The first to look takes one over (``FOR UPDATE SKIP LOCKED``: one process, once): it
+counts an attempt, fences the run that held it (a new producer epoch: its writes and renewals
+are refused from then on) and enqueues the task again, in one transaction, the lease then
+counting the time the task may wait for a worker; once a worker starts the run (the Tasks API's
+``task_started`` signal) it counts ``lease`` again, so that a worker that dies before ``take()``
+is taken over as soon as one that dies after. A run that ends without ending its generation
+(its task failed before or after ``take()``) gives the lease up as its task finishes
+(``task_finished``), so the next look takes it over at once. After its last attempt a
+generation ends with its ``last`` chunk. A closed stream (finished, stopped) is never taken nor
+taken over.
 
 A stalled process holds a generation's row at most ``db.idle_bound()`` (half of QUERY_TIMEOUT):
 each transaction of pgstreams' own that locks it (the appender's, ``take()``'s, a takeover's)
