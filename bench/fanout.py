@@ -37,7 +37,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from . import cpu, procs
 from .durable import NODE, _node
-from .report import Column, _grid
+from .report import Column, _grid, _opt
 from .run import boot
 from .servers import server_command
 from .ws import PeakMemory, _free_port, _wait_for_port
@@ -385,17 +385,13 @@ def table(report: dict[str, Any]) -> str:
     )
 
 
-def _us(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
-
-
 CPU_COLUMNS: list[Column] = [
     ("server, transport, shape", 30, lambda r: f"{r['server']} {r['transport']} {r['shape']}"),
-    ("writer", 9, lambda r: _us(r["pgstreams"]["writer_cpu_us_per_delivery"])),
-    ("postgres", 9, lambda r: _us(r["pgstreams"]["postgres_cpu_us_per_delivery"])),
-    ("server", 9, lambda r: _us(r["pgstreams"]["server_cpu_us_per_delivery"])),
-    ("sum", 9, lambda r: _us(r["pgstreams"]["total_cpu_us_per_delivery"])),
-    ("raw app", 9, lambda r: _us(r["ceiling"]["server_cpu_us_per_delivery"]) if "ceiling" in r else "-"),
+    ("writer", 9, lambda r: _opt(r["pgstreams"]["writer_cpu_us_per_delivery"], ".1f")),
+    ("postgres", 9, lambda r: _opt(r["pgstreams"]["postgres_cpu_us_per_delivery"], ".1f")),
+    ("server", 9, lambda r: _opt(r["pgstreams"]["server_cpu_us_per_delivery"], ".1f")),
+    ("sum", 9, lambda r: _opt(r["pgstreams"]["total_cpu_us_per_delivery"], ".1f")),
+    ("raw app", 9, lambda r: _opt(r["ceiling"]["server_cpu_us_per_delivery"], ".1f") if "ceiling" in r else "-"),
 ]
 
 
