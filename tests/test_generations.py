@@ -414,6 +414,9 @@ def test_a_worker_that_dies_after_starting_a_run_but_before_its_take_is_taken_ov
     until(lambda: closed(s))
     assert texts(s) == WHOLE
     print(f"a worker that died before its take: taken over {took:.2f} s after the start (lease {lease} s)")
+    # The how-to's bound (lease, a look, a poll of 0.05 s) from the run's start, with room for the
+    # worker's claim and a busy machine: before, queue_timeout (600 s).
+    assert took < lease + generations.TAKEOVER_INTERVAL * 1.2 + 0.05 + 5
 
 
 TAKER = """
