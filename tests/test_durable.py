@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -23,14 +24,14 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 from django.test import AsyncClient, Client, override_settings
 from django.utils import timezone
 
 import pgstreams
 from bench.servers import SERVERS
-from pgstreams import db
-from pgstreams.durable import wire
+from pgstreams import conf, db
+from pgstreams.durable import store, wire
 from pgstreams.models import Stream
 from tests.conftest import open_server, serving
 from tests.helpers import ROOT, free_port, node_dir
@@ -682,3 +683,40 @@ def test_the_delete_of_a_last_fork_leaves_a_tombstone_a_protect_keeps_and_answer
             kept.delete()
             assert remove_orphan_tombstones(connection.alias) == 1
     assert not Stream.objects.filter(path__startswith="kept/").exists()
+
+
+def test_overlapping_deletes_of_a_tombstones_last_two_forks_take_the_tombstone_with_them() -> None:
+    """Each delete of a fork looks for the other forks once it holds the tombstone's lock, which
+    the other delete holds until it commits: the tombstone goes with the last one. Looking without
+    waiting, each saw the other fork and the tombstone stayed, its path taken (found by attack)."""
+    alias = conf.database()
+    t = pgstreams.create_stream(path="orphans/t")
+    a = pgstreams.create_stream(path="orphans/a")
+    b = pgstreams.create_stream(path="orphans/b")
+    Stream.objects.filter(pk__in=[a.pk, b.pk]).update(forked_from=t)
+    store.remove(alias, t.pk)  # forks remain: a tombstone
+    assert Stream.objects.get(pk=t.pk).deleted_at is not None
+    barrier = threading.Barrier(2, timeout=3)
+    errors = []
+
+    def delete(sid):
+        try:
+            with transaction.atomic(using=alias):
+                store.remove(alias, sid)
+                try:
+                    barrier.wait()  # both deletes done, neither committed: then both commit
+                except threading.BrokenBarrierError:
+                    errors.append("the other delete waited for this one (serialized)")
+        except Exception as exc:  # reported by the assertion below
+            errors.append(repr(exc))
+        finally:
+            connections.close_all()
+
+    ths = [threading.Thread(target=delete, args=(s,)) for s in (a.pk, b.pk)]
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join(30)
+    assert not Stream.objects.filter(pk__in=[a.pk, b.pk]).exists(), errors
+    left = list(Stream.objects.filter(pk=t.pk).values_list("path", "deleted_at"))
+    assert left == [], f"tombstone with no fork left behind, holding its path: {left}"

@@ -314,25 +314,29 @@ def delete_streams(alias: str, ids: Collection[uuid.UUID]) -> set[uuid.UUID]:
     return forked
 
 
-# A tombstone none of whose forks remain, locked as LOCK_FOR_DELETE_SQL locks (unless another
-# transaction holds it: pruning's sweep takes it later); the stream it was forked from. A
-# tombstone gains no fork: a fork of one is refused under its row lock.
-_ORPHAN_SQL = (
-    "SELECT forked_from_id FROM pgstreams_stream AS t WHERE t.id = %s AND t.deleted_at IS NOT NULL"
-    " AND NOT EXISTS (SELECT 1 FROM pgstreams_stream AS f WHERE f.forked_from_id = t.id) FOR UPDATE SKIP LOCKED"
-)
+# A tombstone, locked as LOCK_FOR_DELETE_SQL locks; the stream it was forked from. A tombstone
+# gains no fork: a fork of one is refused under its row lock.
+_TOMBSTONE_LOCK_SQL = "SELECT forked_from_id FROM pgstreams_stream WHERE id = %s AND deleted_at IS NOT NULL FOR UPDATE"
+# Whether forks of a stream remain: a statement of its own, so that its snapshot, taken once the
+# lock above was had, sees the delete of a fork whose transaction held that lock first.
+_FORKS_LEFT_SQL = "SELECT 1 FROM pgstreams_stream WHERE forked_from_id = %s LIMIT 1"
 
 
-def _remove_orphan(alias: str, stream_id: uuid.UUID) -> tuple[bool, uuid.UUID | None]:
+def _remove_orphan(alias: str, stream_id: uuid.UUID, *, wait: bool = True) -> tuple[bool, uuid.UUID | None]:
     """Delete the tombstone ``stream_id`` if its forks are all gone and Django would delete it, in
     a savepoint of the caller's transaction: a tombstone the project's objects keep stays (and
-    never stops the delete of its fork). Returns whether it went, and the stream it was forked
-    from."""
+    never stops the delete of its fork). The delete of a fork waits for the lock of its tombstone,
+    which the delete of its last other fork holds until it commits; without ``wait`` (pruning's
+    sweep) a tombstone another transaction holds is left for a later sweep. Returns whether it
+    went, and the stream it was forked from."""
     with connections[alias].cursor() as cursor:
-        cursor.execute(_ORPHAN_SQL, [stream_id])
+        cursor.execute(_TOMBSTONE_LOCK_SQL if wait else _TOMBSTONE_LOCK_SQL + " SKIP LOCKED", [stream_id])
         row = cursor.fetchone()
-    if row is None:
-        return False, None
+        if row is None:
+            return False, None
+        cursor.execute(_FORKS_LEFT_SQL, [stream_id])
+        if cursor.fetchone() is not None:
+            return False, None
     try:
         with transaction.atomic(using=alias):
             Stream.objects.using(alias).filter(pk=stream_id).delete()
@@ -412,7 +416,7 @@ def remove_orphan_tombstones(alias: str) -> int:
             return removed
         for stream_id in orphans:
             with transaction.atomic(using=alias):
-                gone, _ = _remove_orphan(alias, stream_id)
+                gone, _ = _remove_orphan(alias, stream_id, wait=False)
             if gone:
                 removed += 1
             else:
