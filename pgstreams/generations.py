@@ -108,10 +108,12 @@ _GIVE_UP_SQL: Final = (
 )
 # The run of task result ``result`` has started: the lease, which counted the wait for a worker
 # (queue_timeout), counts ``lease`` from now, so that a worker that dies before ``take()`` is
-# taken over as soon as one that dies after it.
+# taken over as soon as one that dies after it. It only ever shortens: a late or repeated
+# signal never brings back a lease given up.
 _STARTED_SQL: Final = (
     "UPDATE pgstreams_stream SET metadata = jsonb_set(metadata, '{pgstreams_lease,until}',"
-    " to_jsonb(extract(epoch FROM now()) + (metadata->'pgstreams_generation'->>'lease')::float8))"
+    " to_jsonb(least((metadata->'pgstreams_lease'->>'until')::float8,"
+    " extract(epoch FROM now()) + (metadata->'pgstreams_generation'->>'lease')::float8)))"
     " WHERE id = %s AND closed_at IS NULL AND metadata->'pgstreams_generation'->>'result' = %s"
 )
 _TAKEN_SQL: Final = (

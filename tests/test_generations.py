@@ -419,6 +419,23 @@ def test_a_worker_that_dies_after_starting_a_run_but_before_its_take_is_taken_ov
     assert took < lease + generations.TAKEOVER_INTERVAL * 1.2 + 0.05 + 5
 
 
+def test_a_late_task_started_never_brings_back_a_lease_given_up() -> None:
+    """A run's task_started counts its lease from then, but only shortens it: once the run has
+    given the lease up (task_finished), a late or repeated task_started leaves it run out."""
+    from types import SimpleNamespace
+
+    s = generations.start(count, 10, 0.01, last="failed", lease=30.0, queue_timeout=600.0)  # no worker runs it
+    result = Stream.objects.get(pk=s.pk).metadata[generations.KEY]["result"]
+    run = SimpleNamespace(args=[str(s.id), 10, 0.01], id=result)
+    generations._task_started(None, run)
+    started = Stream.objects.get(pk=s.pk).metadata["pgstreams_lease"]["until"]
+    assert started - time.time() < 31  # counts the lease (30 s), no longer queue_timeout (600 s)
+    assert generations.give_up(s.id, result)
+    generations._task_started(None, run)  # late, or sent again
+    assert Stream.objects.get(pk=s.pk).metadata["pgstreams_lease"]["until"] == 0
+    generations.stop_thread()
+
+
 TAKER = """
 import sys, django
 django.setup()
