@@ -58,8 +58,8 @@ def test_failed_flush_is_counted_dropped_and_followed_by_a_reconnect(listen: psy
     flusher.add([first])
     flusher.flush()
     assert heard(listen, [first.stream_id], until=bool)
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_terminate_backend(%s)", [flusher._conn.info.backend_pid])
+    with connection.cursor() as cursor:  # the timeout: gone, and the flusher told, when it returns
+        cursor.execute("SELECT pg_terminate_backend(%s, 10000)", [flusher._conn.info.backend_pid])
     lost = Mark(uuid.uuid4(), 2, False)
     flusher.add([lost])
     flusher.flush()

@@ -16,6 +16,7 @@ import dataclasses
 import difflib
 import re
 import uuid
+from collections.abc import Iterator
 from http.cookies import SimpleCookie
 from typing import Any
 
@@ -405,11 +406,13 @@ async def test_djangos_csp_middleware_answers_alike() -> None:
 def cut_connections() -> int:
     """What a restart of the server does to its clients: every other session on the test database
     ends, sync_to_async's thread's among them (this runs on a thread of its own, whose connection
-    it closes). Returns how many."""
+    it closes), and each has told its client so before this returns (without the timeout,
+    ``pg_terminate_backend`` returns once it has signalled, and a request sent at once can meet a
+    backend still alive, or one that dies under its query). Returns how many."""
     try:
         with connection.cursor() as cursor:
             cursor.execute(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                "SELECT count(pg_terminate_backend(pid, 10000)) FROM pg_stat_activity"
                 " WHERE datname = current_database() AND pid <> pg_backend_pid()"
             )
             return cursor.fetchone()[0]
@@ -417,6 +420,15 @@ def cut_connections() -> int:
         connection.close()
 
 
+@pytest.fixture
+def main_thread_reconnects() -> Iterator[None]:
+    """Close the main thread's connection after the test, which may have cut it, so that the
+    flush after the test opens a new one."""
+    yield
+    connection.close()
+
+
+@pytest.mark.usefixtures("main_thread_reconnects")
 async def test_requests_after_the_databases_connections_were_cut_answer_alike() -> None:
     someone = await sync_to_async(user)("cut")
     durable, events = await shared_streams(owner=someone)

@@ -310,7 +310,7 @@ def test_a_dead_persistent_connection_is_replaced_when_health_checks_are_on(prep
             s = pgstreams.create_stream()
             pgstreams.write(s.id, "before")
             with db.connect("default", "test") as other:
-                other.execute("SELECT pg_terminate_backend(%s)", [connection.connection.info.backend_pid])
+                other.execute("SELECT pg_terminate_backend(%s, 10000)", [connection.connection.info.backend_pid])
             close_old_connections()  # a request ends and the next one starts
             assert pgstreams.write(s.id, "after") == 1
     finally:
