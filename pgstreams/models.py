@@ -7,8 +7,9 @@ a path, its name at the Durable Streams endpoint, with the attributes that proto
 (content type, expiry, fork parentage); a stream without one is reached by its id alone.
 
 ``Chunk``'s primary key is (stream, offset): the one index that both enforces gap-free, unique
-offsets and serves every read. Deleting a stream deletes its chunks in the database
-(``ON DELETE CASCADE``, added by the migration), so Django never loads chunks to delete them.
+offsets and serves every read. Deleting a stream deletes its chunks in the database (a trigger
+the migrations add, not a foreign key, which would check every chunk written: migration 0006), so
+Django never loads chunks to delete them.
 """
 
 from __future__ import annotations
@@ -158,8 +159,8 @@ class Stream(models.Model):
 
 class Chunk(models.Model):
     pk = models.CompositePrimaryKey("stream", "offset")
-    # The foreign key is declared without a Django-made constraint: the migration adds one with
-    # ON DELETE CASCADE, and the primary key's leading column already indexes stream_id.
+    # Declared without a constraint: a trigger deletes a stream's chunks with it (migration 0006),
+    # and the primary key's leading column already indexes stream_id.
     stream = models.ForeignKey(
         Stream,
         on_delete=models.DO_NOTHING,
@@ -185,7 +186,8 @@ class ProducerState(models.Model):
     (seq) it committed, updated in the transaction of the append it guards."""
 
     pk = models.CompositePrimaryKey("stream", "producer_id")
-    # As for Chunk: the migration adds the constraint with ON DELETE CASCADE.
+    # A migration adds the constraint, with ON DELETE CASCADE (a producer's state is written
+    # rarely: its check costs little).
     stream = models.ForeignKey(
         Stream, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="producers"
     )

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
+import time
 import uuid
 
 import psycopg
@@ -199,13 +201,66 @@ def test_every_notify_mode_writes_the_same(mode: str) -> None:
     assert stored(s) == [(0, "a"), (1, "b"), (2, "c")]
 
 
-def test_deleting_a_stream_deletes_its_chunks_in_the_database() -> None:
-    s = pgstreams.create_stream()
-    pgstreams.write_many(s.id, ["a", "b"])
-    Stream.objects.filter(pk=s.pk).delete()
+def _chunks_of(stream_ids: list[uuid.UUID]) -> int:
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pgstreams_chunk WHERE stream_id = %s", [s.id])
-        assert cursor.fetchone()[0] == 0
+        cursor.execute("SELECT count(*) FROM pgstreams_chunk WHERE stream_id = ANY(%s)", [stream_ids])
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.parametrize("how", ["django", "sql", "truncate"])
+def test_deleting_streams_deletes_their_chunks_in_the_database_and_no_others(how: str) -> None:
+    kept, *gone = (pgstreams.create_stream().id for _ in range(4))
+    for sid in (kept, *gone):
+        pgstreams.write_many(sid, ["a", "b"])
+    with connection.cursor() as cursor:
+        if how == "django":
+            Stream.objects.filter(pk__in=gone).delete()
+        elif how == "sql":
+            cursor.execute("DELETE FROM pgstreams_stream WHERE id = ANY(%s)", [gone])
+        else:
+            cursor.execute("TRUNCATE pgstreams_stream CASCADE")  # and what points at it (no key: the chunks)
+    assert _chunks_of(gone) == 0
+    assert _chunks_of([kept]) == (0 if how == "truncate" else 2)
+
+
+def test_streams_deleted_while_they_are_appended_to_keep_no_chunk() -> None:
+    """Streams deleted one by one (Django's delete) while a task appends to all of them through
+    the append path, and another writes in transactions: no chunk outlives its stream."""
+    streams = [pgstreams.create_stream().id for _ in range(40)]
+
+    async def append_all() -> None:
+        for round in range(30):
+            for sid in streams:
+                with contextlib.suppress(pgstreams.StreamNotFound):
+                    await pgstreams.aappend(sid, f"{round}")
+
+    def write_all() -> None:
+        try:
+            for round in range(30):
+                for sid in streams:
+                    with contextlib.suppress(pgstreams.StreamNotFound), transaction.atomic():
+                        pgstreams.write(sid, f"{round}")
+        finally:
+            connection.close()
+
+    def delete_all() -> None:
+        try:
+            for sid in streams:
+                time.sleep(0.01)
+                Stream.objects.filter(pk=sid).delete()
+        finally:
+            connection.close()
+
+    async def race() -> None:
+        await asyncio.gather(
+            append_all(),
+            asyncio.to_thread(write_all),
+            asyncio.to_thread(delete_all),
+        )
+
+    asyncio.run(race())
+    assert not Stream.objects.filter(pk__in=streams).exists()
+    assert _chunks_of(streams) == 0
 
 
 async def test_async_twins() -> None:
