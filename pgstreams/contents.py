@@ -52,6 +52,19 @@ def _finite(text: str) -> float:
 STRICT_JSON: Final = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite)
 
 
+def _one_value(data: str) -> None:
+    """Parse ``data`` as one JSON value with STRICT_JSON, raising as its ``decode()`` does. Its
+    scanner first, alone (a third of the cost, for a chunk per token): a value it reads to the
+    end, from the first character, is what ``decode()`` would read; anything else (surrounding
+    whitespace, an error) goes to ``decode()``, which says what is wrong."""
+    try:
+        if STRICT_JSON.scan_once(data, 0)[1] == len(data):
+            return
+    except StopIteration:
+        pass
+    STRICT_JSON.decode(data)
+
+
 def check_fits(kind: Kind, data: str, stream_id: uuid.UUID) -> None:
     """Raise InvalidChunk if a stream of ``kind`` cannot hold the text chunk ``data``."""
     if kind == "text":
@@ -63,7 +76,7 @@ def check_fits(kind: Kind, data: str, stream_id: uuid.UUID) -> None:
             "the Durable Streams endpoint"
         )
     try:
-        STRICT_JSON.decode(data)
+        _one_value(data)
     except (ValueError, RecursionError) as exc:
         raise InvalidChunk(
             f"stream {stream_id} is application/json and a chunk is one JSON value, which {data[:40]!r} is not "

@@ -1,14 +1,17 @@
-"""What clients and operators type, parsed: offsets in a WebSocket or SSE request, and the ages
-and dates ``pgstreams_prune`` takes."""
+"""What clients and operators type, parsed: offsets in a WebSocket or SSE request, the ages and
+dates ``pgstreams_prune`` takes, and a chunk of an application/json stream."""
 
 from __future__ import annotations
 
 import datetime
+import json
 
 import pytest
 from django.utils import timezone
+from hypothesis import given
+from hypothesis import strategies as st
 
-from pgstreams import maintenance, protocol
+from pgstreams import contents, maintenance, protocol
 
 
 @pytest.mark.parametrize(
@@ -47,3 +50,26 @@ def test_a_cutoff_is_in_utc_and_one_outside_its_years_is_a_value_error() -> None
     assert maintenance.parse_cutoff("2026-01-02T00:00+20:00").isoformat() == "2026-01-01T04:00:00+00:00"
     with pytest.raises(ValueError, match="outside the years 1 to 9999 in UTC"):
         maintenance.parse_cutoff("9999-12-31T23:00-01:00")
+
+
+def _answer(parse, text: str) -> str:
+    try:
+        parse(text)
+        return "ok"
+    except (ValueError, RecursionError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+_JSONISH = st.text(alphabet=' \t\n{}[]":,.-+eE0123456789natrufslINfiy\\u', max_size=40)
+_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@given(st.one_of(_JSONISH, st.text(max_size=40), _VALUES.map(json.dumps), _VALUES.map(lambda v: f" {json.dumps(v)}\n")))
+def test_a_json_chunk_is_judged_as_the_strict_decoder_judges_it(text: str) -> None:
+    """The append path's check of a chunk of an application/json stream (its decoder's scanner
+    first) accepts and refuses what the strict decoder does, with the same error."""
+    assert _answer(contents._one_value, text) == _answer(contents.STRICT_JSON.decode, text)
