@@ -250,6 +250,8 @@ def _pgstreams_run(node: str, server: str, transport: str, shape: Shape, seconds
     return {
         **_figures(out, server_cpu, memory.peak, seconds, expected, connect),
         **cpu.per_delivery(parts, _delivered(out)),
+        "appender_cpu_us_per_delivery": cpu.us_per(written.appender_cpu_seconds, _delivered(out), 2),
+        "append_batches": written.batches,
         "followed_s": round(followed, 2),
     }
 
@@ -388,6 +390,7 @@ def table(report: dict[str, Any]) -> str:
 CPU_COLUMNS: list[Column] = [
     ("server, transport, shape", 30, lambda r: f"{r['server']} {r['transport']} {r['shape']}"),
     ("writer", 9, lambda r: _opt(r["pgstreams"]["writer_cpu_us_per_delivery"], ".1f")),
+    ("appender", 9, lambda r: _opt(r["pgstreams"].get("appender_cpu_us_per_delivery"), ".1f")),
     ("postgres", 9, lambda r: _opt(r["pgstreams"]["postgres_cpu_us_per_delivery"], ".1f")),
     ("server", 9, lambda r: _opt(r["pgstreams"]["server_cpu_us_per_delivery"], ".1f")),
     ("sum", 9, lambda r: _opt(r["pgstreams"]["total_cpu_us_per_delivery"], ".1f")),
@@ -401,7 +404,8 @@ def _cpu_table(rows: list[dict[str, Any]]) -> list[str]:
         return []
     return [
         "",
-        "CPU per delivery, us: writer = its process (stream_writer and the appender), postgres = every process "
-        "of the server, server = the one serving the subscribers; raw app = its server, the whole of its cost",
+        "CPU per delivery, us: writer = its process (stream_writer and the appender), appender = of which the "
+        "appender's thread, postgres = every process of the server, server = the one serving the subscribers; "
+        "raw app = its server, the whole of its cost",
         *_grid(CPU_COLUMNS, rows),
     ]

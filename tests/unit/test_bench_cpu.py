@@ -107,7 +107,8 @@ def _fanout_row(parts: bool) -> dict:
         "server_cpu_us_per_delivery": 27.3,
     }
     if parts:
-        figures.update(writer_cpu_us_per_delivery=30.6, postgres_cpu_us_per_delivery=12.0)
+        figures.update(writer_cpu_us_per_delivery=30.6, appender_cpu_us_per_delivery=10.3)
+        figures.update(postgres_cpu_us_per_delivery=12.0)
         figures["total_cpu_us_per_delivery"] = 69.9
     raw = {**figures, "server_cpu_us_per_delivery": 33.8}
     return {"server": "daphne", "transport": "ws", "shape": "1000x1x30", "pgstreams": figures, "ceiling": raw}
@@ -115,7 +116,10 @@ def _fanout_row(parts: bool) -> dict:
 
 def test_the_fanout_table_shows_the_parts_beside_the_raw_apps_server_when_measured() -> None:
     shown = fanout.table({"runs": [_fanout_row(parts=True)]}).splitlines()
-    assert shown[-1].split() == ["daphne", "ws", "1000x1x30", "30.6", "12.0", "27.3", "69.9", "33.8"]
+    assert shown[-1].split() == ["daphne", "ws", "1000x1x30", "30.6", "10.3", "12.0", "27.3", "69.9", "33.8"]
+    before = _fanout_row(parts=True)  # a report made before the appender was counted apart
+    del before["pgstreams"]["appender_cpu_us_per_delivery"]
+    assert fanout.table({"runs": [before]}).splitlines()[-1].split()[4] == "-"
     assert "CPU per delivery" not in fanout.table({"runs": [_fanout_row(parts=False)]})
 
 
