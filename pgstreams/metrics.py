@@ -8,6 +8,7 @@ latency from a chunk's commit to its send. Each server process exposes its own f
 
 from __future__ import annotations
 
+import datetime
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -65,9 +66,11 @@ def exposition() -> tuple[bytes, str]:
 def observe_delivery(chunks: Any) -> None:
     """Commit-to-send latency of chunks just sent (created_at is the writing transaction's time,
     from the database's clock; on one host, or hosts in sync, it is the commit to within a write)."""
-    now = time.time()
+    now = datetime.datetime.now(datetime.UTC)
     for chunk in chunks:
-        delivery_seconds.observe(max(0.0, now - chunk.created_at.timestamp()))
+        created = chunk.created_at  # aware from pgstreams' own connections: a subtraction, half a timestamp()'s cost
+        age = (now - created).total_seconds() if created.tzinfo is not None else time.time() - created.timestamp()
+        delivery_seconds.observe(max(0.0, age))
 
 
 class _StatsCollector(Collector):

@@ -1,15 +1,18 @@
 """Shared encodings: a batch is encoded once for every subscriber that sends it, its delivery is
-counted once, and what is kept stays bounded and out of the garbage collector's way."""
+counted once (with each chunk's age), and what is kept stays bounded and out of the garbage
+collector's way."""
 
 from __future__ import annotations
 
 import datetime
 import gc
 import uuid
+import zoneinfo
 
+import pytest
 from prometheus_client import REGISTRY
 
-from pgstreams import delivery
+from pgstreams import delivery, metrics
 from pgstreams.types import StreamChunk
 
 
@@ -68,3 +71,18 @@ def test_the_garbage_collector_stops_tracking_the_kept_encodings() -> None:
     encodings.get("sse", batch(stream, 0, 3), lambda chunks: b"data: c0")
     gc.collect()
     assert not any(gc.is_tracked(key) or gc.is_tracked(entry) for key, entry in encodings._entries.items())
+
+
+@pytest.mark.parametrize("zone", [datetime.UTC, zoneinfo.ZoneInfo("Etc/UTC"), zoneinfo.ZoneInfo("Asia/Kolkata"), None])
+def test_a_chunks_delivery_latency_is_its_age_in_any_time_zone_and_without_one(zone) -> None:
+    """A chunk written 0.3 s ago is counted in the (0.25, 0.5] bucket, whatever zone its time
+    comes in (pgstreams' connections give UTC; a naive time is local, as Python takes it)."""
+    ago = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=0.3)
+    created = ago.astimezone(zone) if zone is not None else ago.astimezone().replace(tzinfo=None)
+
+    def bucket(le: str) -> float:
+        return REGISTRY.get_sample_value("pgstreams_delivery_seconds_bucket", {"le": le}) or 0.0
+
+    before = bucket("0.5") - bucket("0.25")
+    metrics.observe_delivery([StreamChunk(uuid.uuid4(), 0, "x", created)])
+    assert bucket("0.5") - bucket("0.25") == before + 1
