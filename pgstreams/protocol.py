@@ -96,11 +96,16 @@ def batch_items(chunks: Sequence[StreamChunk]) -> tuple[str, int]:
     return text, len(text.encode())
 
 
+# What ``json.dumps(text, ensure_ascii=False)`` returns for a str, without the encoder object
+# dumps() makes for every call with a keyword (the C function its encoder calls).
+_json_text: Final = json.encoder.encode_basestring
+
+
 def _data(data: str | bytes) -> str:
     """A chunk's data as JSON members: its text, or its bytes in base64 with ``"encoding"``."""
     if isinstance(data, bytes):
         return f'"data":"{base64.b64encode(data).decode()}","encoding":"base64"'
-    return f'"data":{json.dumps(data, ensure_ascii=False)}'
+    return f'"data":{_json_text(data)}'
 
 
 def end_frame(next_offset: int) -> dict[str, Any]:

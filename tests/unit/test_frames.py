@@ -7,6 +7,9 @@ import datetime
 import json
 import uuid
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from pgstreams.protocol import frame_items, sse_chunk
 from pgstreams.types import StreamChunk
 
@@ -45,3 +48,10 @@ def test_bytes_travel_in_base64_and_say_so_in_websocket_frames_and_sse_events() 
     assert json.loads(item) == {"offset": 0, "data": "AP8K", "encoding": "base64"}
     event = sse_chunk(stream[0]).decode()
     assert json.loads(event.split("data: ", 1)[1]) == {"offset": 0, "data": "AP8K", "encoding": "base64"}
+
+
+@given(st.text())
+def test_a_chunks_text_is_written_as_json_dumps_writes_it_without_ascii_escapes(text: str) -> None:
+    (item,) = frame_items(chunks(text), 1, 2**62)
+    assert item == f'{{"offset":0,"data":{json.dumps(text, ensure_ascii=False)}}}'
+    assert sse_chunk(chunks(text)[0]) == f"id: 0\ndata: {item}\n\n".encode()
