@@ -334,7 +334,8 @@ def _new(owner: Any, path: str, content_type: str, ttl: int | None, expires_at: 
     )
 
 
-# A request's chunks and the stream row's move, in one statement.
+# A request's chunks and the stream row's move, in one statement; chunks only for a row it moved
+# (no foreign key checks them: migration 0006).
 _APPEND_SQL = """
 WITH moved AS (
     UPDATE pgstreams_stream SET next_offset = %(end)s, writer_seq = %(seq)s, used_at = clock_timestamp(),
@@ -343,7 +344,7 @@ WITH moved AS (
 ), written AS (
     INSERT INTO pgstreams_chunk (stream_id, "offset", data, blob, created_at)
     SELECT %(id)s, %(start)s + t.i - 1, t.data, t.blob, now()
-    FROM unnest(%(texts)s::text[], %(blobs)s::bytea[]) WITH ORDINALITY AS t(data, blob, i)
+    FROM moved, unnest(%(texts)s::text[], %(blobs)s::bytea[]) WITH ORDINALITY AS t(data, blob, i)
 )
 SELECT closed_at FROM moved
 """
