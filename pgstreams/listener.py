@@ -58,6 +58,7 @@ class Listener:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._tails: dict[uuid.UUID, Tail] = {}
+        self._dirty: dict[Tail, None] = {}  # the tails to fetch, marked so (``tail.dirty``), in the order marked
         self._followed: dict[str, Tail] = {}  # the same tails by their stream's hex id (notify.encode)
         self._requests: dict[fetch.Key, list[concurrent.futures.Future[Page]]] = {}
         self._kicked = False
@@ -105,6 +106,7 @@ class Listener:
         # With the lock held. Its channel is unlistened at the next check if no tail is left on it.
         del self._tails[tail.stream_id]
         del self._followed[tail.stream_id.hex]
+        self._dirty.pop(tail, None)
         self._channel_tails[tail.channel] -= 1
         if not self._channel_tails[tail.channel]:
             del self._channel_tails[tail.channel]
@@ -156,7 +158,7 @@ class Listener:
             return ForPage(future, tail.stream_id, pos)
         if tail.wants_fetch() and not tail.dirty:
             # More was announced than the window holds: fetch it now that a reader waits.
-            tail.dirty = True
+            self._mark(tail)
             self._kick()
         waiter = tail.waiters.get(loop)
         if waiter is None:
@@ -179,8 +181,17 @@ class Listener:
         tail.hint = max(tail.hint, mark.next_offset)
         tail.close_hinted |= mark.closed
         if tail.wants_fetch() and tail.start is not None:
-            tail.dirty = True
+            if not tail.dirty:  # _mark(), inline: this runs for every stream a notification names
+                tail.dirty = True
+                self._dirty[tail] = None
             self._kick()
+
+    def _mark(self, tail: Tail) -> None:
+        # With the lock held: fetch the tail in the next round (``_collect`` looks at these only),
+        # if it is still the stream's (a reader may step on one forgotten since, which is not fetched).
+        if not tail.dirty and self._tails.get(tail.stream_id) is tail:
+            tail.dirty = True
+            self._dirty[tail] = None
 
     def hear(self, payload: str) -> None:
         """Announce what a notification says of the streams followed here. An entry for any
@@ -350,7 +361,7 @@ class Listener:
             self._listened |= channels
             for tail in self._tails.values():
                 if tail.channel in channels:
-                    tail.dirty = True
+                    self._mark(tail)
             self._work.set()
 
     async def _unlisten(self, conn: psycopg.AsyncConnection[Any]) -> None:
@@ -366,7 +377,8 @@ class Listener:
             await asyncio.sleep(conf.poll_interval() * _random.uniform(0.8, 1.2))
             with self._lock:
                 for tail in self._tails.values():
-                    tail.dirty = tail.polled = True
+                    self._mark(tail)
+                    tail.polled = True
                 followed = bool(self._tails)
             if followed:
                 self.stats.polls += 1
@@ -375,7 +387,7 @@ class Listener:
     def _refetch_all(self) -> None:
         with self._lock:
             for tail in self._tails.values():
-                tail.dirty = True
+                self._mark(tail)
             self._work.set()
 
     async def _fetch_forever(self) -> None:
@@ -407,7 +419,7 @@ class Listener:
                     with self._lock:
                         for stream_id, _ in keys:
                             if stream_id in self._tails:
-                                self._tails[stream_id].dirty = True
+                                self._mark(self._tails[stream_id])
                     await asyncio.sleep(backoff.next())
                     self._work.set()
                     continue
@@ -484,7 +496,7 @@ class Listener:
         with self._lock:
             for tail in self._tails.values():
                 if tail.waiters and tail.wants_fetch() and tail.start is not None:
-                    tail.dirty = True
+                    self._mark(tail)
             self._work.set()
 
     def _collect(self, limit: int) -> tuple[list[fetch.Key], set[uuid.UUID]]:
@@ -499,14 +511,17 @@ class Listener:
             keys = dict.fromkeys(ready[:limit])
             more = len(ready) > limit
             polled = set()
-            for tail in self._tails.values():
+            marked, self._dirty = self._dirty, {}
+            for tail in marked:  # the tails marked, not every one followed
                 if held and tail.channel in held:
+                    self._dirty[tail] = None  # still dirty: fetched once its channel is listened to
                     continue
-                if tail.dirty and tail.start is not None:
+                if tail.start is not None:
                     key = (tail.stream_id, tail.end)
                     if key not in keys and len(keys) >= limit:
                         more = True
-                        continue  # still dirty: fetched in the next round
+                        self._dirty[tail] = None  # still dirty: fetched in the next round
+                        continue
                     keys[key] = None
                     if tail.polled:
                         polled.add(tail.stream_id)
@@ -564,7 +579,7 @@ class Listener:
                     # Keep fetching forward only for readers that wait at the window's end; a
                     # reader still taking chunks asks again when it gets there (step()).
                     if page.next_offset > tail.end:
-                        tail.dirty = True  # the page was full: the next one is there now
+                        self._mark(tail)  # the page was full: the next one is there now
                         self._work.set()
                     elif not tail.dirty:  # (dirty: announced since this fetch began; fetched next)
                         behind = True  # a standby that has not replayed what was announced
