@@ -223,6 +223,17 @@ def test_deleting_streams_deletes_their_chunks_in_the_database_and_no_others(how
     assert _chunks_of([kept]) == (0 if how == "truncate" else 2)
 
 
+def test_a_truncate_in_a_repeatable_read_transaction_leaves_no_chunk_committed_after_its_snapshot() -> None:
+    s = pgstreams.create_stream()
+    with db.connect("default", "test") as other:
+        other.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        other.execute("SELECT 1")  # its snapshot, from which the chunk below is not seen
+        pgstreams.write(s.id, "committed after the snapshot")
+        other.execute("TRUNCATE pgstreams_stream CASCADE")
+        other.execute("COMMIT")
+    assert _chunks_of([s.id]) == 0
+
+
 def test_streams_deleted_while_they_are_appended_to_keep_no_chunk() -> None:
     """Streams deleted one by one (Django's delete) while a task appends to all of them through
     the append path, and another writes in transactions: no chunk outlives its stream."""

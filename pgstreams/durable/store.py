@@ -292,7 +292,7 @@ def check_deletable(alias: str, ids: Collection[uuid.UUID]) -> None:
 def delete_streams(alias: str, ids: Collection[uuid.UUID]) -> set[uuid.UUID]:
     """Delete the streams ``ids``, whose rows the caller's transaction holds with
     ``LOCK_FOR_DELETE_SQL``, as Django deletes them: the project's objects that point at one go
-    with it as their ``on_delete`` says, and its chunks by the table's own cascade. A stream forks
+    with it as their ``on_delete`` says, and its chunks by the table's trigger. A stream forks
     were made of is kept as a tombstone instead, once Django would delete it (its project's objects
     stay until the tombstone goes). Returns the ids kept as tombstones. Shared by the Durable
     Streams DELETE, expiry and ``pgstreams_prune``.

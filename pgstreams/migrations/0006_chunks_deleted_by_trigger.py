@@ -5,18 +5,25 @@ path's statement at a thousand streams a batch: BENCHMARKS, issue 50), to prove 
 own statements prove already: each inserts chunks only for stream rows it has locked in the same
 statement (``writer``, ``batch``) or made in the same transaction (``durable.creates``). What the
 key also did, deleting the chunks with their stream (``ON DELETE CASCADE``), the trigger does,
-for a whole statement's streams at once; a ``TRUNCATE`` of the streams empties the chunks, where
-the key refused it (truncate both tables together, as Django's ``flush`` does, and there is
-nothing left to delete).
+for a whole statement's streams at once, with the rights of the tables' owner as the key's
+cascade had; a ``TRUNCATE`` of the streams truncates the chunks, as ``TRUNCATE ... CASCADE`` did
+(and deletes what is left of them when the same statement truncated them too, as Django's
+``flush`` does: none). The key is dropped first, so that the migration takes its strongest lock
+on both tables before anything else.
 """
 
 from django.db import migrations
 
 FUNCTION_SQL = """
-CREATE FUNCTION pgstreams_delete_chunks() RETURNS trigger LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+CREATE FUNCTION pgstreams_delete_chunks() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path FROM CURRENT AS $$
 BEGIN
     IF TG_OP = 'TRUNCATE' THEN
-        DELETE FROM pgstreams_chunk;  -- not TRUNCATE: a TRUNCATE of both tables (Django's flush) runs this
+        BEGIN
+            TRUNCATE pgstreams_chunk;
+        EXCEPTION WHEN object_in_use THEN  -- this statement truncates the chunks too
+            DELETE FROM pgstreams_chunk;
+        END;
     ELSE
         DELETE FROM pgstreams_chunk WHERE stream_id = ANY (ARRAY(SELECT id FROM gone));
     END IF;
@@ -40,7 +47,7 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.RunSQL(
-            sql=[FUNCTION_SQL, TRIGGERS_SQL, "ALTER TABLE pgstreams_chunk DROP CONSTRAINT pgstreams_chunk_stream_fk"],
+            sql=["ALTER TABLE pgstreams_chunk DROP CONSTRAINT pgstreams_chunk_stream_fk", FUNCTION_SQL, TRIGGERS_SQL],
             reverse_sql=[
                 "DELETE FROM pgstreams_chunk AS c"
                 " WHERE NOT EXISTS (SELECT FROM pgstreams_stream AS s WHERE s.id = c.stream_id)",
