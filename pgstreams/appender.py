@@ -7,14 +7,14 @@ stopped with nothing queued, decided under the lock ``submit()`` and ``stop()`` 
 An append is not part of the caller's transaction. It waits in the appender's queue with the
 appends of every thread and event loop of the process; the appender commits them together on a
 connection of its own, one transaction per batch (``batch`` judges and writes one), and each
-caller learns its result once its batch has committed, waiting without a thread if it is async.
-A stream whose row another transaction holds (or wrote since the batch read it) is never waited
-on: its appends wait for a later batch, for at most QUERY_TIMEOUT, then fail. A batch that certainly did not commit (the
-connection failed before the commit was sent, or the server answered it with an error) is sent
-again, in halves, within a retry budget of CONNECT_TIMEOUT + QUERY_TIMEOUT; when the commit got
-no answer, ``resolution`` asks the database whether it committed: a batch is never applied
-twice, and a caller gets an error only when its chunk was not committed (``OutcomeUnknown`` when
-nobody can tell).
+caller learns its result once its batch has committed, waiting without a thread if it is async. A
+stream whose row another transaction holds (or wrote since the batch read it) is never waited on:
+its appends wait for a later batch, for at most QUERY_TIMEOUT, then fail. A batch that certainly
+did not commit (the connection failed before the commit was sent, or the server answered it with
+an error) is sent again, in halves, within a retry budget of CONNECT_TIMEOUT + QUERY_TIMEOUT; when
+the commit got no answer, ``resolution`` asks the database whether it committed: a batch is never
+applied twice, and a caller gets an error only when its chunk was not committed
+(``OutcomeUnknown`` when nobody can tell).
 
 Each append is judged on its own inside its batch: a closed or unknown stream, a chunk its
 content type cannot hold, an idempotent producer's duplicate, old epoch or gap, fail (or answer)

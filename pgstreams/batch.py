@@ -1,17 +1,16 @@
 """One batch of the append path, in its transaction: the rows of the batch's streams read as last
 committed, each item judged in arrival order against the streams as the batch leaves them so far
 (``Item.judge``: closed, content type, an idempotent producer's epoch and seq, and whatever the
-item's own kind adds), and everything accepted written in one statement: the chunks, the
-streams' rows, the producers' states. That statement also locks the rows it writes, in id order,
-and writes only to those still as they were read; one another transaction holds, or wrote
-meanwhile, is left with its items for a later batch, never waited on (a refusal, of a stream
-written nothing, stands on the rows as read: right for what never goes back, closed, deleted, a
-fenced epoch, a seq already used; a producer's gap, though, is judged against the last committed
-seq even while the one before it is being committed by another process, where a held row used
-to make it wait). The server has the whole statement, its data with
-it, before it locks anything: a process stopped while it sends a batch holds no row meanwhile
-(once the rows are locked, the idle bound of ``db.begin_bounded_sql`` holds). Each item's result
-is made once the offsets are known.
+item's own kind adds), and everything accepted written in one statement: the chunks, the streams'
+rows, the producers' states. That statement also locks the rows it writes, in id order, and writes
+only to those still as they were read; one another transaction holds, or wrote meanwhile, is left
+with its items for a later batch, never waited on (a refusal, of a stream written nothing, stands
+on the rows as read: right for what never goes back, closed, deleted, a fenced epoch, a seq
+already used; a producer's gap, though, is judged against the last committed seq even while the
+one before it is being committed by another process, where a held row used to make it wait). The
+server has the whole statement, its data with it, before it locks anything: a process stopped
+while it sends a batch holds no row meanwhile (once the rows are locked, the idle bound of
+``db.begin_bounded_sql`` holds). Each item's result is made once the offsets are known.
 
 The items are what the callers hand the appender: ``Append`` for ``append()``/``aappend()``,
 ``Sends`` for a stream writer's chunks gathered while they wait, the Durable Streams endpoint's

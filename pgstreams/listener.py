@@ -181,7 +181,7 @@ class Listener:
         tail.hint = max(tail.hint, mark.next_offset)
         tail.close_hinted |= mark.closed
         if tail.wants_fetch() and tail.start is not None:
-            if not tail.dirty:  # _mark(), inline: this runs for every stream a notification names
+            if not tail.dirty:  # _mark() inline (the tail is its stream's): runs for every entry heard
                 tail.dirty = True
                 self._dirty[tail] = None
             self._kick()
