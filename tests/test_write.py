@@ -11,7 +11,7 @@ import uuid
 import psycopg
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.test import override_settings
 
 import pgstreams
@@ -221,6 +221,14 @@ def test_deleting_streams_deletes_their_chunks_in_the_database_and_no_others(how
             cursor.execute("TRUNCATE pgstreams_stream CASCADE")  # and what points at it (no key: the chunks)
     assert _chunks_of(gone) == 0
     assert _chunks_of([kept]) == (0 if how == "truncate" else 2)
+
+
+def test_a_streams_id_cannot_change_under_its_chunks() -> None:
+    s = pgstreams.create_stream()
+    pgstreams.write_many(s.id, ["a", "b"])
+    with pytest.raises(IntegrityError, match="a stream's id cannot change"):
+        Stream.objects.filter(pk=s.id).update(id=uuid.uuid4())
+    assert _chunks_of([s.id]) == 2 and Stream.objects.filter(pk=s.id).exists()
 
 
 def test_a_truncate_in_a_repeatable_read_transaction_leaves_no_chunk_committed_after_its_snapshot() -> None:
