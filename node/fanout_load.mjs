@@ -101,7 +101,7 @@ function websocket(stream, position) {
         if (position.next - acked >= 128) {
           clearTimeout(timer)
           ack()
-        } else if (!timer) timer = setTimeout(ack, 250)
+        } else if (!timer) timer = setTimeout(ack, 1000) // pgstreams.js' ACK_DELAY
       } else if (message.type === "end") ws.close(1000)
     })
     ws.on("error", (error) => errors.length < 20 && errors.push(String(error)))

@@ -287,7 +287,7 @@ window_bytes: Setting[int] = Setting(
     Rule(lambda v: _whole(v) and v >= 1024, "a whole number of bytes, 1024 or more"),
     "pgstreams.E020",
     "the memory a process's listener keeps at most for the latest chunks of one followed stream (their text as "
-    "Python stores it plus about 150 bytes each, but always the last page fetched); a reader behind them fetches "
+    "Python stores it plus 64 bytes each, but always the last page fetched); a reader behind them fetches "
     "its own pages",
 )
 

@@ -142,6 +142,9 @@ class _Fan:
                     self.position = chunks[-1].offset + 1
                     if not self.followers:
                         return
+                    # Not held while the next round is awaited: they would outlive the collector's
+                    # young passes, and reach the generation whose passes stop the whole process.
+                    del progress, chunks
             outcome = END
         except Exception as exc:  # the stream deleted or pruned, the listener stopped
             outcome = exc

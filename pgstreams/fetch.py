@@ -16,7 +16,7 @@ from typing import Any, Final
 import psycopg
 
 from . import conf, db
-from .types import Mark, StreamChunk
+from .types import Mark
 from .window import Page
 
 logger = logging.getLogger("pgstreams.listener")
@@ -160,14 +160,15 @@ def pages_from_rows(keys: list[Key], rows: list[tuple[Any, ...]]) -> dict[Key, P
             page = pages[key] = Page(exists=next_offset is not None, next_offset=next_offset or 0, closed=bool(closed))
         if offset is None or page.pruned_to is not None:
             continue
-        if offset == key[1] + len(page.chunks):
+        if offset == key[1] + len(page.values):
             value = blob if data is None else data
-            page.chunks.append(StreamChunk(key[0], offset, value, created_at))
+            page.values.append(value)
+            page.times.append(created_at)
             page.data += len(value)
-        elif not page.chunks:
+        elif not page.values:
             page.pruned_to = offset  # offsets are the truth: never hand a chunk out under another
     for (_, from_offset), page in pages.items():
-        if page.exists and not page.chunks and page.pruned_to is None and from_offset < page.next_offset:
+        if page.exists and not page.values and page.pruned_to is None and from_offset < page.next_offset:
             page.pruned_to = page.next_offset
     return pages
 

@@ -551,7 +551,7 @@ class Listener:
         with self._lock:
             for key, page in pages.items():
                 stream_id, from_offset = key
-                self.stats.chunks_fetched += len(page.chunks)
+                self.stats.chunks_fetched += len(page.values)
                 self.stats.data_fetched += page.data
                 tail = self._tails.get(stream_id)
                 if tail is not None and tail.born >= self._round:

@@ -8,14 +8,17 @@ latency from a chunk's commit to its send. Each server process exposes its own f
 
 from __future__ import annotations
 
+import bisect
 import datetime
-import time
-from collections.abc import Iterator
+import itertools
+import threading
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from .stats import FlusherStats, ListenerStats
 
@@ -43,11 +46,6 @@ append_seconds = Histogram(
 readers = Gauge("pgstreams_active_readers", "Readers (read/aread) following a stream in this process.")
 websocket_clients = Gauge("pgstreams_websocket_clients", "Open WebSocket clients reading a stream.")
 sse_clients = Gauge("pgstreams_sse_clients", "Open Server-Sent Events responses.")
-delivery_seconds = Histogram(
-    "pgstreams_delivery_seconds",
-    "From a chunk's commit (its created_at, the writing transaction's time) to its send to a browser.",
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
-)
 notify_queue_usage = Gauge(
     "pgstreams_notify_queue_usage",
     "The fraction of Postgres' notification queue in use, as this process last read it.",
@@ -63,14 +61,53 @@ def exposition() -> tuple[bytes, str]:
     return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
 
 
-def observe_delivery(chunks: Any) -> None:
-    """Commit-to-send latency of chunks just sent (created_at is the writing transaction's time,
-    from the database's clock; on one host, or hosts in sync, it is the commit to within a write)."""
-    now = datetime.datetime.now(datetime.UTC)
-    for chunk in chunks:
-        created = chunk.created_at  # aware from pgstreams' own connections: a subtraction, half a timestamp()'s cost
-        age = (now - created).total_seconds() if created.tzinfo is not None else time.time() - created.timestamp()
-        delivery_seconds.observe(max(0.0, age))
+class _DeliveryLatency(Collector):
+    """``pgstreams_delivery_seconds``, a histogram observed once per chunk sent: kept as plain
+    counts under one lock per batch, where prometheus_client's Histogram takes two locks per
+    observation (a microsecond a chunk, at tens of thousands of chunks a second). Exposed as that
+    Histogram exposes it, but for its ``_created`` sample."""
+
+    NAME = "pgstreams_delivery_seconds"
+    DOCUMENTATION = "From a chunk's commit (its created_at, the writing transaction's time) to its send to a browser."
+    BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = [0] * (len(self.BUCKETS) + 1)  # per bucket, not cumulative; the last is +Inf
+        self._sum = 0.0
+
+    def observe(self, chunks: Iterable[Any], now: datetime.datetime | None = None) -> None:
+        """Commit-to-send latency of chunks just sent (created_at is the writing transaction's
+        time, from the database's clock; on one host, or hosts in sync, it is the commit to
+        within a write), at ``now`` (by default, now)."""
+        if now is None:
+            now = datetime.datetime.now(datetime.UTC)
+        counts, bounds = self._counts, self.BUCKETS
+        with self._lock:
+            for chunk in chunks:
+                created = chunk.created_at
+                if created.tzinfo is not None:  # as from pgstreams' own connections: a subtraction
+                    age = (now - created).total_seconds()
+                else:
+                    age = now.timestamp() - created.timestamp()
+                if age < 0.0:
+                    age = 0.0
+                counts[bisect.bisect_left(bounds, age)] += 1  # the first bucket whose bound is >= age
+                self._sum += age
+
+    def describe(self) -> Iterator[Any]:
+        yield HistogramMetricFamily(self.NAME, self.DOCUMENTATION)
+
+    def collect(self) -> Iterator[Any]:
+        with self._lock:
+            counts, total = list(self._counts), self._sum
+        bounds = [*map(floatToGoString, self.BUCKETS), "+Inf"]
+        buckets = list(zip(bounds, itertools.accumulate(counts), strict=True))
+        yield HistogramMetricFamily(self.NAME, self.DOCUMENTATION, buckets=buckets, sum_value=total)
+
+
+delivery_seconds = _DeliveryLatency()
+observe_delivery = delivery_seconds.observe
 
 
 class _StatsCollector(Collector):
@@ -126,3 +163,4 @@ def _families(flushed: FlusherStats, seen: ListenerStats, depth: int) -> Iterato
 
 
 REGISTRY.register(_StatsCollector())
+REGISTRY.register(delivery_seconds)

@@ -181,3 +181,4 @@ async def afollow(
                 closed = tail.final is not None and reading.pos >= tail.final
                 yield Progress(chunks, reading.pos >= tail.hint, closed, sum(len(chunk.data) for chunk in chunks))
                 reading.renew()
+                del chunks  # not held while the next step waits (see delivery._Fan)

@@ -85,7 +85,7 @@ class ForPage:
             raise StreamNotFound(f"no stream {self.stream_id}")
         if page.pruned_to is not None:
             raise ChunksPruned(self.stream_id, self.pos, page.pruned_to)
-        return page.chunks
+        return page.chunks(self.stream_id, self.pos)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,18 +12,20 @@ front, and is never fetched through chunks that no reader waits for.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import sys
 import threading
 import uuid
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Final
 
 from .exceptions import StreamError
 from .types import StreamChunk
 
-# What a chunk in a window costs beyond its data's str: the StreamChunk, its offset and its
-# timestamp, and the list's slot (about 150 bytes by sys.getsizeof).
-CHUNK_OVERHEAD: Final = 150
+# What a chunk in a window costs beyond its data's str: its timestamp and two lists' slots (by
+# sys.getsizeof).
+CHUNK_OVERHEAD: Final = 64
 # Chunks handed to a reader at once.
 BATCH: Final = 256
 
@@ -33,21 +35,33 @@ Waiter = threading.Event | asyncio.Event
 @dataclass(slots=True)
 class Page:
     """What one fetch found for (stream, from_offset): the stream's state and its chunks from
-    from_offset on, consecutive (a page stops before a gap)."""
+    from_offset on, consecutive (a page stops before a gap), kept as their values and their
+    times (see ``Tail``) until a reader takes them (``chunks``)."""
 
     exists: bool
     next_offset: int = 0
     closed: bool = False
-    chunks: list[StreamChunk] = field(default_factory=list)
+    values: list[str | bytes] = field(default_factory=list)
+    times: list[datetime.datetime] = field(default_factory=list)
     data: int = 0  # the chunks' characters of text, bytes of binary
     # Set when the chunk at from_offset is gone though the stream is past it (pruned): where
     # reading can resume, the next chunk still held or next_offset.
     pruned_to: int | None = None
 
+    def chunks(self, stream_id: uuid.UUID, from_offset: int) -> list[StreamChunk]:
+        """The page's chunks, as readers get them (the page of ``(stream_id, from_offset)``)."""
+        return _chunks(stream_id, from_offset, self.values, self.times)
+
 
 @dataclass(slots=True, eq=False)
 class Tail:
-    """What this process knows of one followed stream."""
+    """What this process knows of one followed stream.
+
+    The window keeps its chunks' values and times, in two lists, not their ``StreamChunk``: a
+    chunk stays in a window for seconds, long enough for the collector to move what it tracks to
+    its oldest generation, whose full passes stop the process for as long as they take (the
+    strings and the datetimes it does not track). A reader's chunks are made when it takes them.
+    """
 
     stream_id: uuid.UUID
     channel: str = ""  # its notification channel (one per shard, NOTIFY_SHARDS)
@@ -56,7 +70,8 @@ class Tail:
     # window holds chunks start .. end-1; start is None until the first fetch.
     start: int | None = None
     end: int = 0
-    window: list[StreamChunk] = field(default_factory=list)
+    values: list[str | bytes] = field(default_factory=list)  # the window's chunks' data, from start
+    times: list[datetime.datetime] = field(default_factory=list)  # and their created_at
     window_bytes: int = 0  # what the window's chunks cost, by size()
     hint: int = 0  # highest next_offset announced or seen
     shown: int = 0  # highest next_offset a fetched page showed: chunks below it can be fetched
@@ -77,15 +92,16 @@ class Tail:
         """The window's chunks from its ``i``-th: at most BATCH, ending with the one whose data
         reaches ``most`` (one at least). The window is about a page unless WINDOW_BYTES is
         larger: only then are the chunks' sizes summed."""
-        chunks = self.window[i : i + BATCH]
-        if self.window_bytes <= most:
-            return chunks
-        data = 0
-        for n, chunk in enumerate(chunks, 1):
-            data += len(chunk.data)
-            if data >= most:
-                return chunks[:n]
-        return chunks
+        values = self.values[i : i + BATCH]
+        if self.window_bytes > most:
+            data = 0
+            for n, value in enumerate(values, 1):
+                data += len(value)
+                if data >= most:
+                    del values[n:]
+                    break
+        assert self.start is not None
+        return _chunks(self.stream_id, self.start + i, values, self.times[i : i + len(values)])
 
     def settle(self, next_offset: int, closed: bool) -> None:
         """What the primary said of the stream, with no announcement since it was asked: an
@@ -104,24 +120,26 @@ class Tail:
             if self.start is not None and from_offset == self.end:
                 # The chunks after the window are gone: readers past it ask for their own pages
                 # (and learn what was pruned); the window starts again from the next page.
-                self.start, self.end, self.window, self.window_bytes = None, 0, [], 0
+                self.start, self.end = None, 0
+                self._empty()
                 moved = True
             return moved
         if page.closed and self.final is None:
             self.final = page.next_offset
             moved = True
-        chunks = page.chunks
+        count = len(page.values)
         if self.start is None:
-            if chunks:
-                self.start, self.end = from_offset, from_offset + len(chunks)
-                self._append(chunks, budget)
+            if count:
+                self.start, self.end = from_offset, from_offset + count
+                self._append(page.values, page.times, budget)
                 moved = True
             elif from_offset >= page.next_offset:
                 self.start = self.end = page.next_offset
                 moved = True
-        elif chunks and from_offset <= self.end < from_offset + len(chunks):
-            self._append(chunks[self.end - from_offset :], budget)
-            self.end = from_offset + len(chunks)
+        elif count and from_offset <= self.end < from_offset + count:
+            new = self.end - from_offset
+            self._append(page.values[new:], page.times[new:], budget)
+            self.end = from_offset + count
             moved = True
         return moved
 
@@ -134,24 +152,34 @@ class Tail:
         if self.start is None or start <= self.end:
             return False
         self.start = self.end = start
-        self.window, self.window_bytes = [], 0
+        self._empty()
         return True
 
-    def _append(self, chunks: list[StreamChunk], budget: int) -> None:
+    def _empty(self) -> None:
+        self.values, self.times, self.window_bytes = [], [], 0
+
+    def _append(self, values: list[str | bytes], times: list[datetime.datetime], budget: int) -> None:
         # Trim from the front to the budget, but never below the page just added.
-        self.window.extend(chunks)
-        self.window_bytes += sum(map(size, chunks))
-        drop, droppable = 0, len(self.window) - len(chunks)
+        self.values.extend(values)
+        self.times.extend(times)
+        self.window_bytes += sum(map(size, values))
+        drop, droppable = 0, len(self.values) - len(values)
         while drop < droppable and self.window_bytes > budget:
-            self.window_bytes -= size(self.window[drop])
+            self.window_bytes -= size(self.values[drop])
             drop += 1
         if drop:
-            del self.window[:drop]
+            del self.values[:drop], self.times[:drop]
             assert self.start is not None
             self.start += drop
 
 
-def size(chunk: StreamChunk) -> int:
-    """About what ``chunk`` costs in a window, in bytes (its text as Python stores it: 1, 2 or 4
-    bytes a character, and a header)."""
-    return sys.getsizeof(chunk.data) + CHUNK_OVERHEAD
+def size(value: str | bytes) -> int:
+    """About what a chunk of data ``value`` costs in a window, in bytes (its text as Python stores
+    it: 1, 2 or 4 bytes a character, and a header)."""
+    return sys.getsizeof(value) + CHUNK_OVERHEAD
+
+
+def _chunks(
+    stream_id: uuid.UUID, start: int, values: list[str | bytes], times: list[datetime.datetime]
+) -> list[StreamChunk]:
+    return list(map(StreamChunk, repeat(stream_id), range(start, start + len(values)), values, times))

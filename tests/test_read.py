@@ -167,9 +167,9 @@ def test_a_page_ends_with_the_chunk_that_reaches_its_bytes_whatever_the_chunks_s
 
     pages = asyncio.run(fetched([(s.id, 0), (s.id, 8), (s.id, 19)]))
     per_page = fetch.PAGE_BYTES // len(big.encode())
-    assert [c.offset for c in pages[s.id, 0].chunks] == list(range(per_page))
-    assert [c.offset for c in pages[s.id, 8].chunks] == list(range(8, 20))  # under the bytes: to the end
-    assert [c.data for c in pages[s.id, 19].chunks] == ["small"]
+    assert [c.offset for c in pages[s.id, 0].chunks(s.id, 0)] == list(range(per_page))
+    assert [c.offset for c in pages[s.id, 8].chunks(s.id, 8)] == list(range(8, 20))  # under the bytes: to the end
+    assert [c.data for c in pages[s.id, 19].chunks(s.id, 19)] == ["small"]
 
 
 def test_a_waiting_reader_gets_live_writes_and_the_end() -> None:

@@ -10,7 +10,7 @@ import uuid
 import zoneinfo
 
 import pytest
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, CollectorRegistry, Histogram, generate_latest
 
 from pgstreams import delivery, metrics
 from pgstreams.types import StreamChunk
@@ -86,3 +86,23 @@ def test_a_chunks_delivery_latency_is_its_age_in_any_time_zone_and_without_one(z
     before = bucket("0.5") - bucket("0.25")
     metrics.observe_delivery([StreamChunk(uuid.uuid4(), 0, "x", created)])
     assert bucket("0.5") - bucket("0.25") == before + 1
+
+
+def test_the_delivery_histogram_reads_as_prometheus_clients_histogram_fed_the_same_ages() -> None:
+    """Counted by pgstreams itself (one lock a batch, not two an observation), the delivery
+    latency reads in Prometheus' text format exactly as a prometheus_client Histogram fed the same
+    ages, but for the Histogram's ``_created`` sample: an age on a bucket's bound counts in it, a
+    negative one (clocks apart) as 0, one past the last bound in +Inf."""
+    ages = [-0.2, 0.0, 0.005, 0.0051, 0.1, 0.3, 1.0, 7.5, 10.0, 11.0, 250.0]
+    ours = metrics._DeliveryLatency()
+    now = datetime.datetime.now(datetime.UTC)
+    ours.observe([StreamChunk(uuid.uuid4(), 0, "x", now - datetime.timedelta(seconds=age)) for age in ages], now)
+    theirs = Histogram("pgstreams_delivery", ours.DOCUMENTATION, unit="seconds", buckets=ours.BUCKETS, registry=None)
+    for age in ages:
+        theirs.observe(max(0.0, age))
+    registries = CollectorRegistry(), CollectorRegistry()
+    registries[0].register(ours)
+    registries[1].register(theirs)
+    exposed, expected = (generate_latest(registry).decode().splitlines() for registry in registries)
+    assert exposed == [line for line in expected if "_created" not in line]
+    assert 'pgstreams_delivery_seconds_bucket{le="0.005"} 3.0' in exposed

@@ -89,5 +89,5 @@ async def test_a_wait_that_ends_in_time_returns_what_it_waited_for() -> None:
     asyncio.get_running_loop().call_soon(event.set)
     assert await ForTail(event).take_async(timed(30.0)) == []
     future: concurrent.futures.Future[Page] = concurrent.futures.Future()
-    asyncio.get_running_loop().call_soon(future.set_result, Page(exists=True, chunks=[]))
+    asyncio.get_running_loop().call_soon(future.set_result, Page(exists=True))
     assert await ForPage(future, uuid.uuid4(), 0).take_async(timed(30.0)) == []

@@ -16,21 +16,20 @@ BUDGET = 16384  # WINDOW_BYTES' default
 AT = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 
 
-def chunks(start: int, stop: int, size: int = 1) -> list[StreamChunk]:
-    return [StreamChunk(SID, i, "x" * size, AT) for i in range(start, stop)]
-
-
 def page(start: int, stop: int, next_offset: int | None = None, closed: bool = False, size: int = 1) -> Page:
     return Page(
         exists=True,
         next_offset=stop if next_offset is None else next_offset,
         closed=closed,
-        chunks=chunks(start, stop, size),
+        values=["x" * size] * (stop - start),
+        times=[AT] * (stop - start),
     )
 
 
 def offsets(tail: Tail) -> list[int]:
-    return [c.offset for c in tail.window]
+    """The window's offsets, as a reader takes them from its start (checking the two lists agree)."""
+    assert len(tail.values) == len(tail.times) == tail.end - (tail.start or 0)
+    return [c.offset for c in tail.batch(0, 2**62)] if tail.values else []
 
 
 def test_a_first_page_starts_the_window_where_it_was_asked_for() -> None:
@@ -42,7 +41,7 @@ def test_a_first_page_starts_the_window_where_it_was_asked_for() -> None:
 def test_an_empty_first_page_at_the_end_starts_an_empty_window_there() -> None:
     tail = Tail(SID)
     assert tail.merge(3, Page(exists=True, next_offset=3), BUDGET)
-    assert (tail.start, tail.end, tail.window) == (3, 3, [])
+    assert (tail.start, tail.end, offsets(tail)) == (3, 3, [])
 
 
 def test_a_page_from_the_windows_end_extends_it_and_overlaps_are_not_repeated() -> None:
@@ -61,7 +60,7 @@ def test_a_page_that_does_not_reach_the_windows_end_changes_nothing() -> None:
 
 
 def test_the_window_is_trimmed_to_its_byte_budget_from_the_front_but_keeps_the_last_page() -> None:
-    per_chunk = window.size(chunks(0, 1)[0])
+    per_chunk = window.size("x")
     fits = 10 * per_chunk
     tail = Tail(SID)
     tail.merge(0, page(0, 8), fits)
@@ -95,7 +94,7 @@ def test_chunks_pruned_after_the_window_reset_it() -> None:
     tail = Tail(SID)
     tail.merge(0, page(0, 3), BUDGET)
     assert tail.merge(3, Page(exists=True, next_offset=9, pruned_to=6), BUDGET)
-    assert (tail.start, tail.end, tail.window) == (None, 0, [])
+    assert (tail.start, tail.end, tail.values, tail.times) == (None, 0, [], [])
     other = Tail(SID)
     other.merge(0, page(0, 3), BUDGET)
     assert not other.merge(1, Page(exists=True, next_offset=9, pruned_to=6), BUDGET)  # a reader's page, not the tail's
@@ -111,8 +110,8 @@ def rows(key_index: int, next_offset: int | None, closed: bool, offsets: list[in
 def test_rows_become_pages_of_consecutive_chunks() -> None:
     keys = [(SID, 0), (SID, 10)]
     pages = pages_from_rows(keys, rows(1, 12, False, [0, 1, 2]) + rows(2, 12, False, [10, 11]))
-    assert [c.offset for c in pages[(SID, 0)].chunks] == [0, 1, 2]
-    assert [c.data for c in pages[(SID, 10)].chunks] == ["c10", "c11"]
+    assert [c.offset for c in pages[(SID, 0)].chunks(SID, 0)] == [0, 1, 2]
+    assert [c.data for c in pages[(SID, 10)].chunks(SID, 10)] == ["c10", "c11"]
     assert pages[(SID, 0)].pruned_to is None and pages[(SID, 0)].next_offset == 12
 
 
@@ -121,8 +120,8 @@ def test_a_page_stops_at_a_gap_and_a_missing_first_chunk_says_where_to_resume() 
     pages = pages_from_rows(
         keys, rows(1, 20, False, [0, 1, 2, 7, 8]) + rows(2, 20, False, [7, 8]) + rows(3, 20, False, [])
     )
-    assert [c.offset for c in pages[(SID, 0)].chunks] == [0, 1, 2]  # never 7 under offset 3
-    assert pages[(SID, 5)].chunks == [] and pages[(SID, 5)].pruned_to == 7
+    assert [c.offset for c in pages[(SID, 0)].chunks(SID, 0)] == [0, 1, 2]  # never 7 under offset 3
+    assert pages[(SID, 5)].chunks(SID, 5) == [] and pages[(SID, 5)].pruned_to == 7
     assert pages[(SID, 3)].pruned_to == 20  # nothing left after 3: resume at the end
 
 
@@ -139,3 +138,29 @@ def test_a_batch_from_the_window_ends_with_the_chunk_that_reaches_a_page_of_data
     assert [c.offset for c in tail.batch(0, 1 << 20)] == list(range(40))  # under the page: all of it
     assert [c.offset for c in tail.batch(5, 2500)] == [5, 6, 7]  # the third reaches 2,500
     assert [c.offset for c in tail.batch(39, 10)] == [39]  # one at least
+
+
+def test_a_readers_chunks_carry_their_own_data_and_time_after_the_window_is_trimmed_and_moved() -> None:
+    def distinct(start: int, stop: int) -> Page:
+        offsets = range(start, stop)
+        return Page(
+            exists=True,
+            next_offset=stop,
+            values=[f"c{o}" for o in offsets],
+            times=[AT + datetime.timedelta(seconds=o) for o in offsets],
+        )
+
+    def right(chunk: StreamChunk) -> bool:
+        return chunk.data == f"c{chunk.offset}" and chunk.created_at == AT + datetime.timedelta(seconds=chunk.offset)
+
+    tail = Tail(SID)
+    budget = 10 * window.size("c10")
+    tail.merge(0, distinct(0, 8), budget)
+    tail.merge(6, distinct(6, 15), budget)  # overlaps 6..7, and trims the front
+    assert tail.start == 5 and all(right(c) for c in tail.batch(0, 2**62)) and tail.batch(3, 2**62)[0].offset == 8
+    full = distinct(15, 20)
+    full.next_offset = 40  # a full page: more is there
+    tail.merge(15, full, budget)
+    assert tail.jump(35) and (tail.start, tail.end, tail.values, tail.times) == (35, 35, [], [])
+    assert tail.merge(35, distinct(35, 37), budget)
+    assert [(c.offset, right(c)) for c in tail.batch(0, 2**62)] == [(35, True), (36, True)]
