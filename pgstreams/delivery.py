@@ -4,8 +4,9 @@ same encoded bytes, made by the first of them to ask and kept for the others; an
 metrics are counted by that first one, not once per subscriber.
 
 A subscriber at its stream's tail can also be followed for by the stream's fan in its event
-loop (``follow``): one task per stream and loop that steps through each round once and hands
-the chunks to every follower at them, in one pass, each sending without waiting (``start``). A
+loop (``follow``): one per stream and loop, called back by the listener, that steps through each
+round once and hands the chunks to every follower at them, in one pass, each sending without
+waiting (``start``). A
 follower whose window is full, or that falls behind, is handed back and reads by itself until
 it catches up again; every follower is handed back when the stream ends or its reading fails.
 
@@ -16,7 +17,7 @@ so an entry is right for as long as it is kept. At most ``ENTRIES`` are kept, of
 JSON escapes more), the oldest go first: sharing is between subscribers at the same place at
 about the same time, so a little is enough, and a reader far behind the others costs them no
 memory. What is per subscriber stays with each endpoint: its window and flow control, frame ids
-and acks, its position. No SQL and no thread: the fans are tasks in their subscribers' loops.
+and acks, its position. No SQL and no thread: the fans run in their subscribers' loops.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequen
 from typing import Any, Final, Protocol, TypeVar
 
 from . import metrics
-from .reader import Progress
+from .reader import Progress, Reading
 from .reader import afollow as read_by_itself
 from .types import StreamChunk
+from .waits import ForPage
 
 T = TypeVar("T")
 
@@ -111,57 +113,90 @@ Handback = _End | BaseException | None
 
 
 class _Fan:
-    """One stream's followers in one event loop, and the one task that follows the stream's tail
-    for them all: a round's chunks are fetched and stepped through once, and handed to each
-    follower at them, in one pass."""
+    """One stream's followers in one event loop, and the one reader of the stream's tail for them
+    all: a round's chunks are stepped through once and handed to each follower at them, in one
+    pass. It steps when the listener calls it back (``Listener.push_step``), in its loop, and
+    holds no task, coroutine or future between rounds: a thousand streams' waits, made anew each
+    round, lived long enough to churn the collector's oldest generation. A page it must wait for
+    (it starts behind the window, or the window moved past it) is awaited in a task."""
 
     def __init__(self, stream_id: uuid.UUID, first: Follower, fans: dict[uuid.UUID, _Fan]) -> None:
         self.stream_id, self.position, self._fans = stream_id, first.position, fans
+        self.loop = asyncio.get_running_loop()
         self.followers: dict[Follower, asyncio.Future[Handback]] = {}
-        self.first = self.add(first)  # before the task starts, however eagerly a loop starts tasks
-        self.task = asyncio.get_running_loop().create_task(self._run(), name=f"pgstreams-fan-{stream_id}")
+        self.first = self.add(first)
+        self.reading = Reading(stream_id, first.position, None, self.loop)
+        self.paging: asyncio.Task[None] | None = None  # awaiting a page
+        self.done = False
+        self.loop.call_soon(self.set)  # its first step: after its first follower is done joining
 
     def add(self, follower: Follower) -> asyncio.Future[Handback]:
-        future = self.followers[follower] = asyncio.get_running_loop().create_future()
+        future = self.followers[follower] = self.loop.create_future()
         return future
 
-    async def _run(self) -> None:
-        outcome: Handback = None  # cancelled (no follower left), or ended by something else
+    def set(self) -> None:
+        """Step from the fan's position and hand out what the tail holds, until it has to wait:
+        first, and whenever the listener calls it back."""
         try:
-            async with contextlib.aclosing(read_by_itself(self.stream_id, from_offset=self.position)) as batches:
-                async for progress in batches:
-                    chunks = progress.chunks
-                    for follower in list(self.followers):
-                        try:
-                            took = follower.position == chunks[0].offset and follower.take(progress)
-                        except Exception as exc:  # that follower's failure, not its stream's
-                            self.hand_back(follower, exc)
-                            continue
-                        if not took:
-                            self.hand_back(follower, None)
-                    self.position = chunks[-1].offset + 1
-                    if not self.followers:
-                        return
-                    # Not held while the next round is awaited: they would outlive the collector's
-                    # young passes, and reach the generation whose passes stop the whole process.
-                    del progress, chunks
-            outcome = END
+            while not self.done and self.paging is None:
+                step = self.reading.push_next(self)
+                if step is None:
+                    return  # called back once the tail moves
+                if isinstance(step, ForPage):
+                    self.paging = self.loop.create_task(self._page(step), name=f"pgstreams-fan-{self.stream_id}")
+                    return
+                chunks = self.reading.took(step.take(self.reading.left))
+                if chunks is None:
+                    return self.end(END)
+                self.hand_out(chunks)
         except Exception as exc:  # the stream deleted or pruned, the listener stopped
-            outcome = exc
-        finally:
-            if self._fans.get(self.stream_id) is self:
-                del self._fans[self.stream_id]
-            if not self._fans:
-                _fans.pop(asyncio.get_running_loop(), None)
-            for follower in list(self.followers):
-                self.hand_back(follower, outcome)
+            self.end(exc)
+
+    async def _page(self, step: ForPage) -> None:
+        try:
+            chunks = self.reading.took(await step.take_async(self.reading.left))
+        except Exception as exc:
+            self.paging = None
+            return self.end(exc)
+        self.paging = None
+        if chunks:
+            self.hand_out(chunks)
+        self.set()
+
+    def hand_out(self, chunks: list[StreamChunk]) -> None:
+        progress = self.reading.progress(chunks)
+        for follower in list(self.followers):
+            try:
+                took = follower.position == chunks[0].offset and follower.take(progress)
+            except Exception as exc:  # that follower's failure, not its stream's
+                self.hand_back(follower, exc)
+                continue
+            if not took:
+                self.hand_back(follower, None)
+        self.position = chunks[-1].offset + 1
+
+    def end(self, outcome: Handback) -> None:
+        """Stop reading the stream and hand every follower back, with ``outcome`` (once): END,
+        the error that ended its reading, or None when no follower is left."""
+        if self.done:
+            return
+        self.done = True
+        self.reading.close()
+        if self.paging is not None:
+            self.paging.cancel()
+        if self._fans.get(self.stream_id) is self:
+            del self._fans[self.stream_id]
+        if not self._fans:
+            _fans.pop(self.loop, None)
+        for follower in list(self.followers):
+            self.hand_back(follower, outcome)
 
     def hand_back(self, follower: Follower, why: Handback) -> None:
         future = self.followers.pop(follower, None)
         if future is not None and not future.done():
             future.set_result(why)
-        if not self.followers and not self.task.done():
-            self.task.cancel()
+        if not self.followers:
+            self.end(None)
 
 
 _fans: dict[asyncio.AbstractEventLoop, dict[uuid.UUID, _Fan]] = {}  # each loop's, while it has any
@@ -175,7 +210,7 @@ def join(stream_id: uuid.UUID, follower: Follower) -> asyncio.Future[Handback] |
     the stream. ``leave()`` when done with it."""
     fans = _fans.setdefault(asyncio.get_running_loop(), {})
     fan = fans.get(stream_id)
-    if fan is None or fan.task.done() or fan.task.cancelling():
+    if fan is None or fan.done:
         fan = fans[stream_id] = _Fan(stream_id, follower, fans)
         return fan.first
     if fan.position != follower.position:

@@ -46,7 +46,7 @@ from .process import PerProcess
 from .stats import ListenerStats
 from .types import Mark
 from .waits import END, ForPage, ForTail, Ready, Step, settle, wake
-from .window import Page, Tail, Waiter
+from .window import Page, Push, Tail, Waiter
 
 _random = random.Random()  # its own: the global state a project may seed is left alone
 logger = logging.getLogger("pgstreams.listener")
@@ -118,10 +118,23 @@ class Listener:
         What a reader waits on is registered under the same lock that guards every change to
         the tail, so a change after this call always wakes it.
         """
+        step = self._locked_step(tail, pos, loop, None)
+        assert step is not None
+        return step
+
+    def push_step(self, tail: Tail, pos: int, push: Push) -> Step | None:
+        """``step()`` for a reader called back rather than waiting for the tail: None where
+        ``step()`` would wait for it, and then ``push.set()`` is called in ``push.loop`` once the
+        tail moves (once: it steps again)."""
+        return self._locked_step(tail, pos, push.loop, push)
+
+    def _locked_step(
+        self, tail: Tail, pos: int, loop: asyncio.AbstractEventLoop | None, push: Push | None
+    ) -> Step | None:
         to_wake: list[tuple[asyncio.AbstractEventLoop | None, Waiter]] = []
         try:
             with self._lock:
-                return self._step(tail, pos, loop, to_wake)
+                return self._step(tail, pos, loop, push, to_wake)
         finally:
             wake(to_wake)  # with the lock released
 
@@ -130,8 +143,9 @@ class Listener:
         tail: Tail,
         pos: int,
         loop: asyncio.AbstractEventLoop | None,
+        push: Push | None,
         to_wake: list[tuple[asyncio.AbstractEventLoop | None, Waiter]],
-    ) -> Step:
+    ) -> Step | None:
         # With the lock held; the waiters to wake go to ``to_wake``.
         if self._stopped:
             raise StreamError("the pgstreams listener of this process was stopped; read again")
@@ -149,8 +163,7 @@ class Listener:
             # Ahead of the window: it moves here. Readers waiting at its old end may be behind it
             # now: they step again, and fetch their own pages.
             start = tail.start
-            to_wake.extend(tail.waiters.items())
-            tail.waiters.clear()
+            to_wake.extend(tail.woken())
         if start is None or pos < start:
             future: concurrent.futures.Future[Page] = concurrent.futures.Future()
             self._requests.setdefault((tail.stream_id, pos), []).append(future)
@@ -160,6 +173,9 @@ class Listener:
             # More was announced than the window holds: fetch it now that a reader waits.
             self._mark(tail)
             self._kick()
+        if push is not None:
+            tail.pushes[push] = None
+            return None
         waiter = tail.waiters.get(loop)
         if waiter is None:
             waiter = tail.waiters[loop] = threading.Event() if loop is None else asyncio.Event()
@@ -484,8 +500,7 @@ class Listener:
             if tail is not None and tail.start is not None and tail.end == offset:
                 tail.failure = error
                 self._forget(tail)  # readers that attach later start afresh
-                to_wake.extend(tail.waiters.items())
-                tail.waiters.clear()
+                to_wake.extend(tail.woken())
         for future in futures:
             settle(future, error)
         wake(to_wake)
@@ -495,7 +510,7 @@ class Listener:
         self._behind_pending = False
         with self._lock:
             for tail in self._tails.values():
-                if tail.waiters and tail.wants_fetch() and tail.start is not None:
+                if tail.waiting() and tail.wants_fetch() and tail.start is not None:
                     self._mark(tail)
             self._work.set()
 
@@ -575,7 +590,7 @@ class Listener:
                     moved = tail.merge(from_offset, page, budget)
                     if stream_id in polled and page.next_offset > announced:
                         self.stats.poll_found += 1
-                if tail.waiters and tail.wants_fetch() and tail.start is not None:
+                if tail.waiting() and tail.wants_fetch() and tail.start is not None:
                     # Keep fetching forward only for readers that wait at the window's end; a
                     # reader still taking chunks asks again when it gets there (step()).
                     if page.next_offset > tail.end:
@@ -584,8 +599,7 @@ class Listener:
                     elif not tail.dirty:  # (dirty: announced since this fetch began; fetched next)
                         behind = True  # a standby that has not replayed what was announced
                 if moved:
-                    to_wake.extend(tail.waiters.items())
-                    tail.waiters.clear()
+                    to_wake.extend(tail.woken())
         for futures, page in answered:
             for future in futures:
                 settle(future, page)
@@ -610,7 +624,7 @@ class Listener:
                 return
             self._stopped = True
             requests, self._requests = self._requests, {}
-            to_wake = [item for tail in self._tails.values() for item in tail.waiters.items()]
+            to_wake = [item for tail in self._tails.values() for item in tail.woken()]
         for futures in requests.values():
             for future in futures:
                 settle(future, StreamError("the pgstreams listener of this process was stopped"))

@@ -22,6 +22,7 @@ from .exceptions import ReadTimeout, StreamError
 from .listener import get_listener
 from .types import MAX_OFFSET, StreamChunk, stream_uuid
 from .waits import Step
+from .window import Push
 
 
 def _start_offset(from_offset: Any) -> int:
@@ -37,7 +38,7 @@ def _check_timeout(timeout: float | None) -> None:
         raise ValueError(f"timeout must be a positive number of seconds or None, not {timeout!r}")
 
 
-class _Reading:
+class Reading:
     """One reader's place in a stream while it reads: attached to the listener's tail, with its
     position and the deadline for its next chunk (renewed whenever chunks arrive). A wait that
     outlasts the deadline leaves the ``with`` block as ``ReadTimeout``."""
@@ -49,14 +50,18 @@ class _Reading:
         metrics.readers.inc()
         self.deadline = self._deadline()
 
-    def __enter__(self) -> _Reading:
+    def __enter__(self) -> Reading:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
-        self.listener.detach(self.tail)
-        metrics.readers.dec()
+        self.close()
         if kind is not None and issubclass(kind, TimeoutError) and not isinstance(error, ReadTimeout):
             raise ReadTimeout(f"no chunk from stream {self.stream_id} within {self.timeout} s") from None
+
+    def close(self) -> None:
+        """Stop following the stream (once)."""
+        self.listener.detach(self.tail)
+        metrics.readers.dec()
 
     def _deadline(self) -> float | None:
         return None if self.timeout is None else time.monotonic() + self.timeout
@@ -67,6 +72,10 @@ class _Reading:
 
     def next(self) -> Step:
         return self.listener.step(self.tail, self.pos, self.loop)
+
+    def push_next(self, push: Push) -> Step | None:
+        """``next()``, or None: then ``push.set()`` is called once the tail moves."""
+        return self.listener.push_step(self.tail, self.pos, push)
 
     def left(self) -> float | None:
         """How long a wait may last now; TimeoutError if the time is up already."""
@@ -82,6 +91,12 @@ class _Reading:
         if chunks:
             self.pos = chunks[-1].offset + 1
         return chunks
+
+    def progress(self, chunks: list[StreamChunk]) -> Progress:
+        """Chunks just taken, with what is known of the stream now."""
+        tail = self.tail
+        closed = tail.final is not None and self.pos >= tail.final
+        return Progress(chunks, self.pos >= tail.hint, closed, sum(len(chunk.data) for chunk in chunks))
 
 
 def read(stream_id: Any, *, from_offset: int = 0, timeout: float | None = None) -> Iterator[StreamChunk]:
@@ -118,7 +133,7 @@ def _read(sid: uuid.UUID, pos: int, timeout: float | None) -> Iterator[StreamChu
 
 
 def _read_batches(sid: uuid.UUID, pos: int, timeout: float | None) -> Iterator[list[StreamChunk]]:
-    with _Reading(sid, pos, timeout, None) as reading:
+    with Reading(sid, pos, timeout, None) as reading:
         while (chunks := reading.took(reading.next().take(reading.left))) is not None:
             if chunks:  # empty: the wait is over, ask again
                 yield chunks
@@ -164,7 +179,7 @@ async def afollow(
     sid = stream_uuid(stream_id)
     pos = _start_offset(from_offset)
     _check_timeout(idle if idle is not None else timeout)
-    with _Reading(sid, pos, idle if idle is not None else timeout, asyncio.get_running_loop()) as reading:
+    with Reading(sid, pos, idle if idle is not None else timeout, asyncio.get_running_loop()) as reading:
         while True:
             try:
                 chunks = reading.took(await reading.next().take_async(reading.left))
@@ -177,8 +192,6 @@ async def afollow(
             if chunks is None:
                 return
             if chunks:  # empty: the wait is over, ask again
-                tail = reading.tail
-                closed = tail.final is not None and reading.pos >= tail.final
-                yield Progress(chunks, reading.pos >= tail.hint, closed, sum(len(chunk.data) for chunk in chunks))
+                yield reading.progress(chunks)
                 reading.renew()
-                del chunks  # not held while the next step waits (see delivery._Fan)
+                del chunks  # not held while the next step waits: it would reach the collector's oldest generation

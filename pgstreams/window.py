@@ -18,7 +18,7 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Final
+from typing import Final, Protocol
 
 from .exceptions import StreamError
 from .types import StreamChunk
@@ -29,7 +29,18 @@ CHUNK_OVERHEAD: Final = 64
 # Chunks handed to a reader at once.
 BATCH: Final = 256
 
-Waiter = threading.Event | asyncio.Event
+
+class Push(Protocol):
+    """A reader that does not wait for its tail but is called back, in its loop, once the tail
+    moves (delivery's fans): a thousand streams' waits between rounds are no tasks, coroutines
+    or futures."""
+
+    loop: asyncio.AbstractEventLoop
+
+    def set(self) -> None: ...
+
+
+Waiter = threading.Event | asyncio.Event | Push
 
 
 @dataclass(slots=True)
@@ -83,7 +94,21 @@ class Tail:
     failure: StreamError | None = None  # the database refused to fetch this tail
     dirty: bool = False
     polled: bool = False
-    waiters: dict[asyncio.AbstractEventLoop | None, Waiter] = field(default_factory=dict)
+    waiters: dict[asyncio.AbstractEventLoop | None, Waiter] = field(
+        default_factory=dict
+    )  # one per loop (None: threads)
+    pushes: dict[Push, None] = field(default_factory=dict)  # called back, in the order they came
+
+    def waiting(self) -> bool:
+        return bool(self.waiters or self.pushes)
+
+    def woken(self) -> list[tuple[asyncio.AbstractEventLoop | None, Waiter]]:
+        """Its waiters and pushes, each with the loop to wake it in, taken off it: each one steps
+        again, and waits again if it has to."""
+        woken = [*self.waiters.items(), *((push.loop, push) for push in self.pushes)]
+        self.waiters.clear()
+        self.pushes.clear()
+        return woken
 
     def wants_fetch(self) -> bool:
         return self.hint > self.end or (self.close_hinted and self.final is None)

@@ -11,7 +11,7 @@ import contextlib
 import pytest
 
 import pgstreams
-from pgstreams import delivery
+from pgstreams import delivery, listener
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -42,8 +42,9 @@ async def test_subscribers_at_the_tail_share_one_fan_and_each_get_every_chunk_on
     finally:
         for f in follows:
             await f.aclose()
-    await asyncio.wait([fan.task], timeout=5)  # the last to leave ends it
-    assert fan.task.done() and s.id not in delivery._fans.get(asyncio.get_running_loop(), {})
+    # The last to leave ended it, and it follows the stream no more.
+    assert fan.done and s.id not in delivery._fans.get(asyncio.get_running_loop(), {})
+    assert s.id not in listener.get_listener()._tails
 
 
 async def test_a_subscriber_at_the_fan_hears_keepalives_while_the_stream_is_silent_and_then_its_chunks() -> None:
