@@ -76,6 +76,7 @@ function websocket(stream, position) {
       headers: { Origin: o.base },
     })
     let acked = 0
+    let bytes = 0 // of the frames read since the last ack
     let frame = null
     let timer = null
     const ack = () => {
@@ -83,6 +84,7 @@ function websocket(stream, position) {
       if (ws.readyState === WebSocket.OPEN && position.next > acked) {
         ws.send(JSON.stringify({ type: "ack", frame }))
         acked = position.next
+        bytes = 0
       }
     }
     let opened = false
@@ -98,7 +100,8 @@ function websocket(stream, position) {
       if (message.type === "chunks") {
         if (!o.idle) for (const item of message.items) position.take(item.offset, item.data)
         frame = message.frame
-        if (position.next - acked >= 128) {
+        bytes += raw.length
+        if (position.next - acked >= 128 || bytes >= 256 * 1024) {
           clearTimeout(timer)
           ack()
         } else if (!timer) timer = setTimeout(ack, 1000) // pgstreams.js' ACK_DELAY

@@ -151,6 +151,11 @@ class _Fan:
                 self.hand_out(chunks)
         except Exception as exc:  # the stream deleted or pruned, the listener stopped
             self.end(exc)
+        except BaseException as exc:  # a follower's send cancelled: each reads by itself
+            # Not raised on into the listener's callback, which calls other streams' fans after this one.
+            self.end(None)
+            if isinstance(exc, KeyboardInterrupt | SystemExit):
+                raise
 
     async def _page(self, step: ForPage) -> None:
         try:
@@ -181,7 +186,7 @@ class _Fan:
         if self.done:
             return
         self.done = True
-        self.reading.close()
+        self.reading.close(self)
         if self.paging is not None:
             self.paging.cancel()
         if self._fans.get(self.stream_id) is self:

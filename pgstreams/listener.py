@@ -96,8 +96,11 @@ class Listener:
             tail.readers += 1
             return tail
 
-    def detach(self, tail: Tail) -> None:
+    def detach(self, tail: Tail, push: Push | None = None) -> None:
+        """A reader of ``tail`` is gone (and ``push``, if it was one, is called back no more)."""
         with self._lock:
+            if push is not None:
+                tail.pushes.pop(push, None)
             tail.readers -= 1
             if tail.readers <= 0 and self._tails.get(tail.stream_id) is tail:
                 self._forget(tail)

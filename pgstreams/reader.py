@@ -58,9 +58,9 @@ class Reading:
         if kind is not None and issubclass(kind, TimeoutError) and not isinstance(error, ReadTimeout):
             raise ReadTimeout(f"no chunk from stream {self.stream_id} within {self.timeout} s") from None
 
-    def close(self) -> None:
-        """Stop following the stream (once)."""
-        self.listener.detach(self.tail)
+    def close(self, push: Push | None = None) -> None:
+        """Stop following the stream (once), as ``push`` if it stepped as one."""
+        self.listener.detach(self.tail, push)
         metrics.readers.dec()
 
     def _deadline(self) -> float | None:

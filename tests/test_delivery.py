@@ -82,3 +82,64 @@ async def test_a_subscriber_that_does_not_come_for_its_chunks_is_handed_back_and
         for f in (slow, quick):
             with contextlib.suppress(Exception):
                 await f.aclose()
+
+
+async def test_a_fan_that_ends_while_another_reader_keeps_the_stream_followed_is_called_back_no_more() -> None:
+    """Subscribers come and go on a quiet stream that another reader keeps followed: each fan
+    ended is taken off the tail at once, not kept until the stream's next chunk."""
+    s = await pgstreams.acreate_stream()
+    await pgstreams.awrite(s.id, "c0")
+    other = pgstreams.aread(s.id, from_offset=1)
+    waiting = asyncio.ensure_future(anext(other))  # keeps the tail while it waits
+    try:
+        for _ in range(3):
+            follow = delivery.afollow(s.id)
+            assert (await take_chunks(follow, 1)) == [(0, "c0")]
+            pending = asyncio.ensure_future(anext(follow))
+            await asyncio.sleep(0.05)  # at the fan, which waits for the tail
+            pending.cancel()
+            await asyncio.gather(pending, return_exceptions=True)
+            await follow.aclose()
+        tail = listener.get_listener()._tails[s.id]
+        assert tail.pushes == {} and s.id not in delivery._fans.get(asyncio.get_running_loop(), {})
+    finally:
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        await other.aclose()
+
+
+async def test_a_followers_send_cancelled_hands_its_fan_back_and_another_streams_fan_still_gets_its_round() -> None:
+    """The listener calls the fans of one round in one callback: one whose follower raises a
+    cancellation hands its followers back to read by themselves, and the next fan still steps."""
+    streams = [await pgstreams.acreate_stream() for _ in range(2)]
+
+    class Raising:
+        position = 0
+
+        def take(self, progress) -> bool:
+            raise asyncio.CancelledError
+
+    class Taking:
+        position = 0
+        got: list[int] = []
+
+        def take(self, progress) -> bool:
+            self.got += [c.offset for c in progress.chunks]
+            self.position = progress.chunks[-1].offset + 1
+            return True
+
+    raising, taking = Raising(), Taking()
+    handed = delivery.join(streams[0].id, raising)
+    taken = delivery.join(streams[1].id, taking)
+    await asyncio.sleep(0.05)  # each at its fan, which waits for its tail
+    await pgstreams.awrite_many(streams[0].id, ["a"])
+    await pgstreams.awrite_many(streams[1].id, ["b"])
+    assert await asyncio.wait_for(handed, 10) is None  # handed back, to read by itself
+    for _ in range(200):
+        if taking.got:
+            break
+        await asyncio.sleep(0.01)
+    assert taking.got == [0]
+    delivery.leave(streams[1].id, taking)
+    assert not taken.done() or taken.result() is None
+    assert delivery._fans.get(asyncio.get_running_loop(), {}) == {}

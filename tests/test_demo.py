@@ -240,6 +240,32 @@ def test_the_js_client_reconnects_once_after_a_gap(page) -> None:
     assert paths == ["/?from=0", "/?from=1"]
 
 
+def test_the_js_client_acks_a_quarter_of_the_window_of_large_chunks_at_once_without_waiting_for_its_timer(page) -> None:
+    """Six frames of 100 Ki characters sent at once: the client acks the third and the sixth as it
+    reads them (each ack once 256 Ki characters are unacknowledged), where waiting a second for its
+    timer would leave a socket of large chunks with its 1 MiB window full, at 1 MiB a second."""
+    acks: list[str] = []
+
+    async def handler(ws) -> None:
+        for n in range(1, 7):
+            items = [{"offset": n - 1, "data": "x" * (100 << 10)}]
+            await ws.send(json.dumps({"type": "chunks", "frame": f"f{n}", "stream": "s", "items": items}))
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(10):
+                async for message in ws:
+                    acks.append(json.loads(message)["frame"])
+                    if acks[-1] == "f6":
+                        break
+
+    with _stub_server(handler) as port:
+        page.set_content("<html><body></body></html>")
+        page.add_script_tag(path=str(ROOT / "pgstreams/static/pgstreams/pgstreams.js"))
+        page.evaluate(WATCH, [f"ws://127.0.0.1:{port}/", 0])
+        page.wait_for_function("window.seen.chunks.length === 6")
+        page.wait_for_timeout(1500)  # time enough for the timer's ack, were it the only one
+    assert acks == ["f3", "f6"]
+
+
 def test_the_js_client_refused_by_its_error_frame_does_not_reconnect_when_the_close_frame_is_lost(page) -> None:
     """A server that resets the connection after its error frame, before the close frame (daphne
     does when the client has not answered the close by the next whole second: CI saw a pruned
