@@ -192,13 +192,14 @@ class Listener:
             for mark in marks:
                 tail = self._tails.get(mark.stream_id)
                 if tail is not None:
-                    self._advance(tail, mark)
+                    self._advance(tail, mark.next_offset, mark.closed)
 
-    def _advance(self, tail: Tail, mark: Mark) -> None:
+    def _advance(self, tail: Tail, next_offset: int, closed: bool) -> None:
         # With the lock held.
         tail.heard += 1
-        tail.hint = max(tail.hint, mark.next_offset)
-        tail.close_hinted |= mark.closed
+        if next_offset > tail.hint:
+            tail.hint = next_offset
+        tail.close_hinted |= closed
         if tail.wants_fetch() and tail.start is not None:
             if not tail.dirty:  # _mark() inline (the tail is its stream's): runs for every entry heard
                 tail.dirty = True
@@ -214,14 +215,20 @@ class Listener:
 
     def hear(self, payload: str) -> None:
         """Announce what a notification says of the streams followed here. An entry for any
-        other stream costs a slice and a dictionary lookup: it is never parsed."""
+        other stream costs a slice and a dictionary lookup: it is never parsed (and for one of
+        these, its id is not parsed: the tail has it)."""
         began = time.thread_time()  # CPU time: not the waits for the GIL
         entries = payload.split(",")
         with self._lock:
             for entry in entries:
                 tail = self._followed.get(entry[:32])
-                if tail is not None and entry[32:33] == ":" and (mark := notify.decode_entry(entry, tail.stream_id)):
-                    self._advance(tail, mark)
+                if tail is not None and entry[32:33] == ":":
+                    try:
+                        next_offset, closed = notify.decode_state(entry[33:])
+                    except ValueError:
+                        logger.debug("ignoring notification entry %r", entry)
+                        continue
+                    self._advance(tail, next_offset, closed)
         self.stats.notifications += 1
         self.stats.entries += len(entries)
         self.stats.hear_seconds += time.thread_time() - began
@@ -487,7 +494,7 @@ class Listener:
                 if tail.heard == tail.asked:
                     tail.settle(mark.next_offset, mark.closed)
                 else:
-                    self._advance(tail, mark)
+                    self._advance(tail, mark.next_offset, mark.closed)
 
     def _refuse(self, key: fetch.Key, exc: Exception) -> None:
         """Fail the readers waiting for a page the database refuses to give; no one else."""

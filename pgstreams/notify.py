@@ -37,15 +37,21 @@ def encode(mark: Mark) -> str:
     return entry + ":c" if mark.closed else entry
 
 
-def decode_entry(entry: str, stream_id: uuid.UUID | None = None) -> Mark | None:
-    """Parse one entry of a payload; None (logged, never fatal) for one that is not ours.
-    ``stream_id``: the stream the caller found the entry's hex id to name, not parsed again."""
-    parts = entry.split(":")
+def decode_entry(entry: str) -> Mark | None:
+    """Parse one entry of a payload; None (logged, never fatal) for one that is not ours."""
+    hex_id, _, state = entry.partition(":")
     try:
-        return Mark(stream_id or uuid.UUID(hex=parts[0]), int(parts[1]), parts[2:] == ["c"])
-    except (ValueError, IndexError):
+        return Mark(uuid.UUID(hex=hex_id), *decode_state(state))
+    except ValueError:
         logger.debug("ignoring notification entry %r", entry)
         return None
+
+
+def decode_state(state: str) -> tuple[int, bool]:
+    """What an entry says after its stream's id and colon: its next_offset, and whether it is
+    closed; ValueError if it says no offset."""
+    offset, _, flag = state.partition(":")
+    return int(offset), flag == "c"
 
 
 def decode(payload: str) -> Iterator[Mark]:
