@@ -6,9 +6,9 @@ metrics are counted by that first one, not once per subscriber.
 A subscriber at its stream's tail can also be followed for by the stream's fan in its event
 loop (``follow``): one per stream and loop, called back by the listener, that steps through each
 round once and hands the chunks to every follower at them, in one pass, each sending without
-waiting (``start``). A
-follower whose window is full, or that falls behind, is handed back and reads by itself until
-it catches up again; every follower is handed back when the stream ends or its reading fails.
+waiting (``start``). A follower whose window is full, or that falls behind, is handed back and
+reads by itself until it catches up again; every follower is handed back when the stream ends
+or its reading fails.
 
 An encoding is keyed by its kind (a WebSocket frame's items, an SSE event run, a Durable Streams
 body), the stream and the batch's first and last offsets: a chunk never changes once committed,
@@ -121,7 +121,7 @@ class _Fan:
     (it starts behind the window, or the window moved past it) is awaited in a task."""
 
     def __init__(self, stream_id: uuid.UUID, first: Follower, fans: dict[uuid.UUID, _Fan]) -> None:
-        self.stream_id, self.position, self._fans = stream_id, first.position, fans
+        self.stream_id, self._fans = stream_id, fans
         self.loop = asyncio.get_running_loop()
         self.followers: dict[Follower, asyncio.Future[Handback]] = {}
         self.first = self.add(first)
@@ -129,6 +129,10 @@ class _Fan:
         self.paging: asyncio.Task[None] | None = None  # awaiting a page
         self.done = False
         self.loop.call_soon(self.set)  # its first step: after its first follower is done joining
+
+    @property
+    def position(self) -> int:
+        return self.reading.pos
 
     def add(self, follower: Follower) -> asyncio.Future[Handback]:
         future = self.followers[follower] = self.loop.create_future()
@@ -178,7 +182,6 @@ class _Fan:
                 continue
             if not took:
                 self.hand_back(follower, None)
-        self.position = chunks[-1].offset + 1
 
     def end(self, outcome: Handback) -> None:
         """Stop reading the stream and hand every follower back, with ``outcome`` (once): END,

@@ -94,10 +94,10 @@ class Tail:
     failure: StreamError | None = None  # the database refused to fetch this tail
     dirty: bool = False
     polled: bool = False
-    waiters: dict[asyncio.AbstractEventLoop | None, Waiter] = field(
-        default_factory=dict
-    )  # one per loop (None: threads)
-    pushes: dict[Push, None] = field(default_factory=dict)  # called back, in the order they came
+    # What waits for the tail to move: an event per loop (None: the threads'), which its readers
+    # there share, and the readers called back instead (``Push``), in the order they came.
+    waiters: dict[asyncio.AbstractEventLoop | None, Waiter] = field(default_factory=dict)
+    pushes: dict[Push, None] = field(default_factory=dict)
 
     def waiting(self) -> bool:
         return bool(self.waiters or self.pushes)
