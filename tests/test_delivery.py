@@ -9,6 +9,8 @@ import asyncio
 import contextlib
 
 import pytest
+from asgiref.sync import sync_to_async
+from django.db import transaction
 
 import pgstreams
 from pgstreams import delivery, listener
@@ -120,8 +122,9 @@ async def test_a_followers_send_cancelled_hands_its_fan_back_and_another_streams
             raise asyncio.CancelledError
 
     class Taking:
-        position = 0
-        got: list[int] = []
+        def __init__(self) -> None:
+            self.position = 0
+            self.got: list[int] = []
 
         def take(self, progress) -> bool:
             self.got += [c.offset for c in progress.chunks]
@@ -132,8 +135,14 @@ async def test_a_followers_send_cancelled_hands_its_fan_back_and_another_streams
     handed = delivery.join(streams[0].id, raising)
     taken = delivery.join(streams[1].id, taking)
     await asyncio.sleep(0.05)  # each at its fan, which waits for its tail
-    await pgstreams.awrite_many(streams[0].id, ["a"])
-    await pgstreams.awrite_many(streams[1].id, ["b"])
+
+    @sync_to_async
+    def write_both() -> None:  # one commit: both streams in one fetch, both fans in one callback
+        with transaction.atomic():
+            pgstreams.write(streams[0].id, "a")
+            pgstreams.write(streams[1].id, "b")
+
+    await write_both()
     assert await asyncio.wait_for(handed, 10) is None  # handed back, to read by itself
     for _ in range(200):
         if taking.got:
