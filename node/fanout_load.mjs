@@ -20,6 +20,10 @@ import WebSocket from "ws"
 import { events } from "./sse.mjs"
 
 const o = JSON.parse(process.argv[2])
+// When a WebSocket subscriber acks, as pgstreams.js does: after 128 chunks or ACK_CHARS characters
+// of frames, else ACK_DELAY ms after the first chunk it has not acknowledged.
+const ACK_CHARS = 256 * 1024
+const ACK_DELAY = 1000
 const origin = o.base.replace(/^http/, "ws")
 const buckets = new Map() // 0.1 ms bucket -> deliveries
 let deliveries = 0
@@ -76,7 +80,7 @@ function websocket(stream, position) {
       headers: { Origin: o.base },
     })
     let acked = 0
-    let bytes = 0 // of the frames read since the last ack
+    let chars = 0 // of the frames read since the last ack
     let frame = null
     let timer = null
     const ack = () => {
@@ -84,7 +88,7 @@ function websocket(stream, position) {
       if (ws.readyState === WebSocket.OPEN && position.next > acked) {
         ws.send(JSON.stringify({ type: "ack", frame }))
         acked = position.next
-        bytes = 0
+        chars = 0
       }
     }
     let opened = false
@@ -100,11 +104,11 @@ function websocket(stream, position) {
       if (message.type === "chunks") {
         if (!o.idle) for (const item of message.items) position.take(item.offset, item.data)
         frame = message.frame
-        bytes += raw.length
-        if (position.next - acked >= 128 || bytes >= 256 * 1024) {
+        chars += String(raw).length
+        if (position.next - acked >= 128 || chars >= ACK_CHARS) {
           clearTimeout(timer)
           ack()
-        } else if (!timer) timer = setTimeout(ack, 1000) // pgstreams.js' ACK_DELAY
+        } else if (!timer) timer = setTimeout(ack, ACK_DELAY)
       } else if (message.type === "end") ws.close(1000)
     })
     ws.on("error", (error) => errors.length < 20 && errors.push(String(error)))

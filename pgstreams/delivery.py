@@ -155,11 +155,6 @@ class _Fan:
                 self.hand_out(chunks)
         except Exception as exc:  # the stream deleted or pruned, the listener stopped
             self.end(exc)
-        except BaseException as exc:  # a follower's send cancelled: each reads by itself
-            # Not raised on into the listener's callback, which calls other streams' fans after this one.
-            self.end(None)
-            if isinstance(exc, KeyboardInterrupt | SystemExit):
-                raise
 
     async def _page(self, step: ForPage) -> None:
         try:
@@ -180,6 +175,12 @@ class _Fan:
             except Exception as exc:  # that follower's failure, not its stream's
                 self.hand_back(follower, exc)
                 continue
+            except BaseException as exc:  # its send cancelled: every follower reads by itself again
+                # Not raised on into the listener's callback, which steps other streams' fans after this one.
+                self.end(None)
+                if isinstance(exc, KeyboardInterrupt | SystemExit):
+                    raise
+                return
             if not took:
                 self.hand_back(follower, None)
 

@@ -5,10 +5,11 @@ goes to a standby, and a third one asks the primary about streams readers start 
 It runs an asyncio loop in one named daemon thread. For each stream that readers here follow it
 keeps a ``Tail`` (window.py). Notifications, commits in this process and the poll only mark
 tails dirty; one query (fetch.py) then fetches the new chunks of every dirty tail together with
-each stream's state, in one snapshot, and wakes the readers of the tails that moved. Readers
-never query the database themselves: ``step()`` tells a reader what to do next (waits.py), and
-readers asking for the same page share one fetch (for a tail made since that fetch began, the
-page is fetched again: it may predate a commit announced to no one here).
+each stream's state, in one snapshot, and wakes the readers of the tails that moved (or calls
+back delivery's fans, ``push_step``). Readers never query the database themselves: ``step()``
+tells a reader what to do next (waits.py), and readers asking for the same page share one fetch
+(for a tail made since that fetch began, the page is fetched again: it may predate a commit
+announced to no one here).
 
 The LISTEN connection listens to the notification channels (one per shard, NOTIFY_SHARDS) of
 the streams followed here, and a stream is fetched only once its channel is listened to.
@@ -19,7 +20,7 @@ every LISTEN_CHECK_INTERVAL (which also reads the notification queue's usage for
 a connection whose peer vanished is replaced within seconds. This module does not write to the
 database and does not know about the notification buffer.
 
-About 600 lines, over the project's 350: what is left is one class whose parts (the readers'
+About 680 lines, over the project's 350: what is left is one class whose parts (the readers'
 side, the three loops, the channels listened to, delivery) all act on the same tails under one
 lock; the window arithmetic is in window.py, the queries in fetch.py, the readers' steps in
 waits.py, the stuck listeners in guard.py.

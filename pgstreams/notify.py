@@ -55,7 +55,9 @@ def decode_state(state: str) -> tuple[int, bool]:
 
 
 def decode(payload: str) -> Iterator[Mark]:
-    """Parse a payload's entries, skipping those that are not ours."""
+    """Parse a payload's entries, skipping those that are not ours: the format's whole reading,
+    ``encode``'s inverse (the listener reads only what follows the ids of streams it follows,
+    with ``decode_state``)."""
     for entry in payload.split(","):
         mark = decode_entry(entry)
         if mark is not None:

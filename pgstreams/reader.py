@@ -3,7 +3,8 @@
 The table is the truth: readers take chunks from this process's listener (which fetched them
 from the table) and wait on it for more. A reader asks the listener for its next step
 (waits.py) and takes it, from its thread or its event loop: the only difference between the
-two. No SQL here, and no database connection per reader.
+two (a third way, ``Reading.push_next``, is delivery's fans': called back instead of waiting).
+No SQL here, and no database connection per reader.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class Reading:
             raise ReadTimeout(f"no chunk from stream {self.stream_id} within {self.timeout} s") from None
 
     def close(self, push: Push | None = None) -> None:
-        """Stop following the stream (once), as ``push`` if it stepped as one."""
+        """Stop following the stream, as ``push`` if it stepped as one; call it once."""
         self.listener.detach(self.tail, push)
         metrics.readers.dec()
 

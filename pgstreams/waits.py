@@ -25,7 +25,7 @@ from typing import Final, Protocol
 
 from .exceptions import ChunksPruned, StreamNotFound
 from .types import StreamChunk
-from .window import Page, Waiter
+from .window import Event, Page, Waiter
 
 Left = Callable[[], float | None]  # how long a wait may last
 
@@ -92,7 +92,7 @@ class ForPage:
 class ForTail:
     """The tail to move (chunks arrive, the stream ends or is deleted); then step again."""
 
-    event: Waiter
+    event: Event
 
     def take(self, left: Left) -> list[StreamChunk]:
         assert isinstance(self.event, threading.Event)

@@ -40,7 +40,8 @@ class Push(Protocol):
     def set(self) -> None: ...
 
 
-Waiter = threading.Event | asyncio.Event | Push
+Event = threading.Event | asyncio.Event  # what readers wait on: a thread's, or a loop's
+Waiter = Event | Push  # what a change of the tail wakes
 
 
 @dataclass(slots=True)
@@ -96,7 +97,7 @@ class Tail:
     polled: bool = False
     # What waits for the tail to move: an event per loop (None: the threads'), which its readers
     # there share, and the readers called back instead (``Push``), in the order they came.
-    waiters: dict[asyncio.AbstractEventLoop | None, Waiter] = field(default_factory=dict)
+    waiters: dict[asyncio.AbstractEventLoop | None, Event] = field(default_factory=dict)
     pushes: dict[Push, None] = field(default_factory=dict)
 
     def waiting(self) -> bool:
