@@ -152,3 +152,22 @@ async def test_a_followers_send_cancelled_hands_its_fan_back_and_another_streams
     delivery.leave(streams[1].id, taking)
     assert taken.result() is None
     assert delivery._fans.get(asyncio.get_running_loop(), {}) == {}
+
+
+async def test_a_followers_send_cancelled_while_its_fan_hands_out_a_page_it_awaited_ends_the_fan_all_the_same() -> None:
+    """A fan's first step on a stream no reader here has read is a page it awaits in a task; a
+    follower whose send is cancelled there hands the fan back as on any round, and the fan stops
+    following the stream, rather than being stranded with its task gone."""
+    s = await pgstreams.acreate_stream()
+    await pgstreams.awrite(s.id, "stored")
+
+    class Raising:
+        position = 0
+
+        def take(self, progress) -> bool:
+            raise asyncio.CancelledError
+
+    handed = delivery.join(s.id, Raising())
+    assert await asyncio.wait_for(handed, 10) is None
+    assert delivery._fans.get(asyncio.get_running_loop(), {}) == {}
+    assert s.id not in listener.get_listener()._tails
