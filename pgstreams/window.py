@@ -106,9 +106,11 @@ class Tail:
     def woken(self) -> list[tuple[asyncio.AbstractEventLoop | None, Waiter]]:
         """Its waiters and pushes, each with the loop to wake it in, taken off it: each one steps
         again, and waits again if it has to."""
-        woken = [*self.waiters.items(), *((push.loop, push) for push in self.pushes)]
+        woken = list(self.waiters.items())  # runs for every tail a round moves: no generator for no push
         self.waiters.clear()
-        self.pushes.clear()
+        if self.pushes:
+            woken += [(push.loop, push) for push in self.pushes]
+            self.pushes.clear()
         return woken
 
     def wants_fetch(self) -> bool:
