@@ -266,6 +266,40 @@ def test_the_js_client_acks_a_quarter_of_the_window_of_large_chunks_at_once_with
     assert acks == ["f3", "f6"]
 
 
+def test_the_js_client_acks_on_its_timer_after_a_reconnect_that_cut_a_pending_ack(page) -> None:
+    """A socket dropped while its ack timer was pending: the next socket's first chunk is acked a
+    second later all the same (the old timer's handle, left set, kept any new timer from starting,
+    so a slow stream went unacknowledged until 128 chunks)."""
+    acks: list[str] = []
+    sockets: list[int] = []
+
+    async def handler(ws) -> None:
+        sockets.append(len(sockets))
+        offset = len(sockets) - 1
+        items = [{"offset": offset, "data": f"c{offset}"}]
+        await ws.send(json.dumps({"type": "chunks", "frame": f"g{offset}", "stream": "s", "items": items}))
+        if offset == 0:
+            await asyncio.sleep(0.05)  # before the client's ack timer fires
+            await ws.close(1011)
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(5):
+                async for message in ws:
+                    acks.append(json.loads(message)["frame"])
+                    break
+
+    with _stub_server(handler) as port:
+        page.set_content("<html><body></body></html>")
+        page.add_script_tag(path=str(ROOT / "pgstreams/static/pgstreams/pgstreams.js"))
+        page.evaluate(WATCH, [f"ws://127.0.0.1:{port}/", 0])
+        page.wait_for_function("window.seen.chunks.length === 2", timeout=10_000)
+        for _ in range(100):  # at most 5 s
+            if acks:
+                break
+            page.wait_for_timeout(50)
+    assert acks == ["g1"]
+
+
 def test_the_js_client_refused_by_its_error_frame_does_not_reconnect_when_the_close_frame_is_lost(page) -> None:
     """A server that resets the connection after its error frame, before the close frame (daphne
     does when the client has not answered the close by the next whole second: CI saw a pruned

@@ -67,6 +67,8 @@
       const ws = (this.ws = new WebSocket(target.href));
       this.acked = this.next;
       this.unackedChars = 0;
+      clearTimeout(this.ackTimer); // an ack timer of the socket before would otherwise stop this one's
+      this.ackTimer = null;
       this.lastError = null; // this socket's error frame: why it closes
       this.onStatus(this.attempt ? "reconnecting" : "connecting");
 
