@@ -153,18 +153,20 @@ def pages_from_rows(keys: list[Key], rows: list[tuple[Any, ...]]) -> dict[Key, P
     at a gap; a page whose first offset is gone though the stream is past it says where reading
     can resume (``pruned_to``)."""
     pages: dict[Key, Page] = {}
+    at = 0  # the rows come by key (ordered by i): a page is looked up once, not once a row
     for i, next_offset, closed, offset, data, blob, created_at in rows:
-        key = keys[i - 1]
-        page = pages.get(key)
-        if page is None:
-            page = pages[key] = Page(exists=next_offset is not None, next_offset=next_offset or 0, closed=bool(closed))
+        if i != at:
+            at, key = i, keys[i - 1]
+            expect = key[1]  # the offset the page's next chunk must have
+            page = pages[key] = Page(next_offset is not None, next_offset or 0, bool(closed))
         if offset is None or page.pruned_to is not None:
             continue
-        if offset == key[1] + len(page.values):
+        if offset == expect:
             value = blob if data is None else data
             page.values.append(value)
             page.times.append(created_at)
             page.data += len(value)
+            expect += 1
         elif not page.values:
             page.pruned_to = offset  # offsets are the truth: never hand a chunk out under another
     for (_, from_offset), page in pages.items():
