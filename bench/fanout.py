@@ -9,7 +9,10 @@ followed them all, deliveries/s, e2e p50/p99/max, coverage,
 duplicates and gaps, the server's CPU per delivery and peak RSS, the subscribers' own CPU, where
 a delivery's CPU goes (the writer process, Postgres, the server, and their sum); and the
 ceiling in the same run: the raw ASGI application of ``raw_asgi`` on the same server, sending
-the same subscribers the same bytes at the same rate, pgstreams reported as a fraction of it.
+the same subscribers the same bytes at the same rate, pgstreams reported as a fraction of it;
+with ``--ceiling-writer`` the shape's writer writes beside the raw app too, to streams nobody reads,
+so that the raw app shares the machine with the writer and Postgres as pgstreams does: what any
+server could deliver here.
 ``--idle`` measures what idle WebSockets and SSE connections cost the server, and the raw app,
 from IDLE_SETTLE after the server follows them all (their first reads, and the collector's work
 on the connect storm's garbage, take a few seconds more).
@@ -26,7 +29,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +51,7 @@ SUBSCRIBERS_PER_NODE = 1000  # subscribers one Node process takes at most
 CONNECT_TIMEOUT = 120.0  # seconds the subscribers have to connect, all of them
 SETTLE = 0.5  # seconds between the last subscriber's connecting and the first write
 DRAIN = 3.0  # seconds the subscribers stay after the last write at most (they leave once they have the last)
+STREAMS_LABEL = "pgstreams-bench-fanout"  # the streams of a run, deleted after it
 IDLE_SETTLE = 5.0  # seconds between the server's following every idle subscriber and its idle CPU's measure
 METRICS_TOKEN = uuid.uuid4().hex  # the demo's servers show their metrics to its bearer
 # The gauge of the subscribers a demo server follows, by transport: a WebSocket is accepted before
@@ -77,6 +81,7 @@ class FanoutConfig:
     servers: tuple[str, ...] = ("daphne",)
     seconds: float = 10.0
     ceiling: bool = True
+    ceiling_writer: bool = False  # the raw app's runs with the shape's writer beside them
     idle: int = 0  # idle connections of each kind, on idle // 10 streams (0: no idle part)
 
 
@@ -211,40 +216,69 @@ def _latencies(results: list[dict[str, Any]]) -> dict[str, float | None]:
     return out
 
 
-def _pgstreams_run(node: str, server: str, transport: str, shape: Shape, seconds: float) -> dict[str, Any]:
-    from pgstreams import conf
-    from pgstreams.models import Stream
+class _Writer:
+    """The shape's writer (``procs.clock_writer``) in its own process, on streams of its own: it
+    writes once ``start()`` is called, and ``result()`` is what it reports when done."""
 
-    tag = uuid.uuid4().hex[:8]
-    made = Stream.objects.using(conf.database()).bulk_create(
-        Stream(label="pgstreams-bench-fanout", path=f"fanout/{tag}/{i}", content_type="application/json")
-        for i in range(shape.streams)
-    )
-    streams = [{"id": str(s.id), "path": s.path} for s in made]
-    ctx = multiprocessing.get_context("spawn")
-    go, results = ctx.Event(), ctx.Queue()
-    writer = ctx.Process(
-        target=procs.clock_writer, args=(boot("buffered"), [s["id"] for s in streams], shape.rate, seconds, go, results)
-    )
+    def __init__(self, shape: Shape, seconds: float) -> None:
+        from pgstreams import conf
+        from pgstreams.models import Stream
+
+        self._database = conf.database()
+        tag = uuid.uuid4().hex[:8]
+        made = Stream.objects.using(self._database).bulk_create(
+            Stream(label=STREAMS_LABEL, path=f"fanout/{tag}/{i}", content_type="application/json")
+            for i in range(shape.streams)
+        )
+        self.streams = [{"id": str(s.id), "path": s.path} for s in made]
+        self.seconds = seconds
+        ctx = multiprocessing.get_context("spawn")
+        self._go, self._results = ctx.Event(), ctx.Queue()
+        self._process = ctx.Process(
+            target=procs.clock_writer,
+            args=(boot("buffered"), [s["id"] for s in self.streams], shape.rate, seconds, self._go, self._results),
+        )
+        self._process.start()
+
+    def start(self) -> None:
+        self._go.set()
+
+    def result(self) -> procs.ClockWriterResult:
+        return self._results.get(timeout=self.seconds + 120)
+
+    def close(self) -> None:
+        from pgstreams.models import Stream
+
+        self._process.join(30)
+        if self._process.is_alive():
+            self._process.kill()
+        Stream.objects.using(self._database).filter(label=STREAMS_LABEL).delete()
+
+
+@contextmanager
+def _writing(shape: Shape, seconds: float) -> Iterator[_Writer]:
+    writer = _Writer(shape, seconds)
     try:
-        with serving(server, "demo_project.asgi:application") as (base, process):
-            writer.start()
-            clients = _subscribers(node, base, transport, streams, shape, SETTLE + seconds + DRAIN, idle=False)
-            connect = _connected(clients)
-            followed = _followed(base, transport, shape.streams * shape.subscribers)
-            time.sleep(SETTLE)
-            memory = PeakMemory(process.pid)
-            memory.start()
-            postmaster = cpu.postmaster()
-            server_cpu, postgres_cpu = cpu.tree(process), cpu.postgres(postmaster)
-            go.set()
-            written: procs.ClockWriterResult = results.get(timeout=seconds + 120)
-            out = _collect(clients, timeout=SETTLE + seconds + DRAIN + 60)
-            server_cpu, postgres_cpu = cpu.tree(process) - server_cpu, cpu.postgres(postmaster) - postgres_cpu
-            memory.stop.set()
-        writer.join(30)
+        yield writer
     finally:
-        Stream.objects.using(conf.database()).filter(label="pgstreams-bench-fanout").delete()
+        writer.close()
+
+
+def _pgstreams_run(node: str, server: str, transport: str, shape: Shape, seconds: float) -> dict[str, Any]:
+    with serving(server, "demo_project.asgi:application") as (base, process), _writing(shape, seconds) as writer:
+        clients = _subscribers(node, base, transport, writer.streams, shape, SETTLE + seconds + DRAIN, idle=False)
+        connect = _connected(clients)
+        followed = _followed(base, transport, shape.streams * shape.subscribers)
+        time.sleep(SETTLE)
+        memory = PeakMemory(process.pid)
+        memory.start()
+        postmaster = cpu.postmaster()
+        server_cpu, postgres_cpu = cpu.tree(process), cpu.postgres(postmaster)
+        writer.start()
+        written = writer.result()
+        out = _collect(clients, timeout=SETTLE + seconds + DRAIN + 60)
+        server_cpu, postgres_cpu = cpu.tree(process) - server_cpu, cpu.postgres(postmaster) - postgres_cpu
+        memory.stop.set()
     expected = sum(written.chunks.values()) * shape.subscribers
     parts = {"writer": written.cpu_seconds, "postgres": postgres_cpu, "server": server_cpu}
     return {
@@ -256,22 +290,32 @@ def _pgstreams_run(node: str, server: str, transport: str, shape: Shape, seconds
     }
 
 
-def _ceiling_run(node: str, server: str, transport: str, shape: Shape, seconds: float) -> dict[str, Any]:
+def _ceiling_run(
+    node: str, server: str, transport: str, shape: Shape, seconds: float, with_writer: bool = False
+) -> dict[str, Any]:
+    """The raw app's run; ``with_writer``: with the shape's writer writing beside it, to streams
+    nobody reads, so that the machine carries the writer's and Postgres' load as in pgstreams' run."""
     streams = [{"id": str(uuid.uuid4()), "path": f"raw/{i}"} for i in range(shape.streams)]
     chunks = int(shape.rate * seconds)  # per stream, as the raw app writes them
-    with serving(server, "bench.raw_asgi:application") as (base, process):
+    with ExitStack() as stack:
+        base, process = stack.enter_context(serving(server, "bench.raw_asgi:application"))
+        writer = stack.enter_context(_writing(shape, seconds)) if with_writer else None
         clients = _subscribers(node, base, transport, streams, shape, SETTLE + seconds + DRAIN, False, chunks)
         connect = _connected(clients)
         time.sleep(SETTLE)
         memory = PeakMemory(process.pid)
         memory.start()
         server_cpu = cpu.tree(process)
+        if writer is not None:
+            writer.start()
         httpx.post(f"{base}/raw/start", json={"streams": streams, "rate": shape.rate, "seconds": seconds}, timeout=60)
         out = _collect(clients, timeout=SETTLE + seconds + DRAIN + 60)
         server_cpu = cpu.tree(process) - server_cpu
         memory.stop.set()
+        if writer is not None:
+            writer.result()
     expected = chunks * shape.streams * shape.subscribers
-    return _figures(out, server_cpu, memory.peak, seconds, expected, connect)
+    return {**_figures(out, server_cpu, memory.peak, seconds, expected, connect), "with_writer": with_writer}
 
 
 def _delivered(out: list[dict[str, Any]]) -> int:
@@ -305,7 +349,7 @@ def _idle_run(node: str, server: str, transport: str, connections: int, app: str
 
     tag = uuid.uuid4().hex[:8]
     made = Stream.objects.using(conf.database()).bulk_create(
-        Stream(label="pgstreams-bench-fanout", path=f"fanout/{tag}/{i}", content_type="application/json")
+        Stream(label=STREAMS_LABEL, path=f"fanout/{tag}/{i}", content_type="application/json")
         for i in range(max(1, connections // 10))
     )
     streams = [{"id": str(s.id), "path": s.path} for s in made]
@@ -324,7 +368,7 @@ def _idle_run(node: str, server: str, transport: str, connections: int, app: str
             idle_cpu = cpu.tree(process) - idle_cpu
             _collect(clients, timeout=60)
     finally:
-        Stream.objects.using(conf.database()).filter(label="pgstreams-bench-fanout").delete()
+        Stream.objects.using(conf.database()).filter(label=STREAMS_LABEL).delete()
     return {
         "connections": connections,
         "connect_s": round(connect, 2),
@@ -344,7 +388,7 @@ def run_fanout(config: FanoutConfig, say: Callable[[str], None] = print) -> dict
                 row: dict[str, Any] = {"server": server, "transport": transport, "shape": str(shape)}
                 row["pgstreams"] = _pgstreams_run(node, server, transport, shape, config.seconds)
                 if config.ceiling and transport != "ds-lp":
-                    row["ceiling"] = _ceiling_run(node, server, transport, shape, config.seconds)
+                    row["ceiling"] = _ceiling_run(node, server, transport, shape, config.seconds, config.ceiling_writer)
                     ceiling = row["ceiling"]["deliveries_per_s"]
                     row["of_ceiling"] = round(row["pgstreams"]["deliveries_per_s"] / ceiling, 3) if ceiling else None
                 say(f"fanout:   {json.dumps(row)}")
@@ -362,7 +406,7 @@ def run_fanout(config: FanoutConfig, say: Callable[[str], None] = print) -> dict
 def table(report: dict[str, Any]) -> str:
     lines = [
         "server   transport shape        connect s  followed s  deliveries/s  p50 ms  p99 ms  max ms  coverage"
-        "  us/delivery  of ceiling"
+        "  us/delivery  of ceiling  raw p99 ms"
     ]
     for row in report["runs"]:
         if "idle" in row:
@@ -375,12 +419,12 @@ def table(report: dict[str, Any]) -> str:
             )
             continue
         p, ratio = row["pgstreams"], row.get("of_ceiling")
-        e = p["e2e_ms"]
+        e, raw = p["e2e_ms"], row["ceiling"]["e2e_ms"]["p99"] if "ceiling" in row else None
         lines.append(
             f"{row['server']:<8} {row['transport']:<9} {row['shape']:<12} {p['connect_s']:>9} "
             f"{p.get('followed_s', '-'):>11} {p['deliveries_per_s']:>13,.0f} "
             f"{e['p50'] or 0:>7} {e['p99'] or 0:>7} {e['max'] or 0:>7} {p['coverage'] or 0:>9} "
-            f"{p['server_cpu_us_per_delivery'] or 0:>12} {'-' if ratio is None else ratio:>11}"
+            f"{p['server_cpu_us_per_delivery'] or 0:>12} {'-' if ratio is None else ratio:>11} {raw or '-':>11}"
         )
     return "\n".join(
         lines + _cpu_table([row for row in report["runs"] if "total_cpu_us_per_delivery" in row.get("pgstreams", {})])

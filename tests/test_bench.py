@@ -14,6 +14,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from bench import llm_procs
+from pgstreams.models import Stream
 from tests.helpers import ROOT, subprocess_database_url
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess]
@@ -111,6 +112,24 @@ def test_a_tiny_fanout_run_over_every_transport(tmp_path) -> None:
             assert figures["connect_s"] > 0 and figures["errors"] == []
         _cpu_parts_add_up(row["pgstreams"])
     assert "connect s" in done.stdout and "CPU per delivery" in done.stdout
+
+
+@pytest.mark.slow
+def test_the_raw_ceiling_can_run_beside_the_writer(tmp_path) -> None:
+    """With --ceiling-writer the raw app delivers every chunk while the shape's writer writes its
+    own streams beside it, and those streams are deleted after the run."""
+    out = tmp_path / "fanout.json"
+    command = [sys.executable, "manage.py", "pgstreams_bench", "--fanout-shapes", "2x1x5", "--servers", "daphne"]
+    command += ["--transports", "ws", "--duration", "1", "--ceiling-writer", "--json", str(out)]
+    env = {**os.environ, "DATABASE_URL": subprocess_database_url()}
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [row] = json.loads(out.read_text())["runs"]
+    ceiling = row["ceiling"]
+    assert ceiling["with_writer"] is True
+    assert (ceiling["coverage"], ceiling["duplicates"], ceiling["gaps"]) == (1.0, 0, 0)
+    assert "raw p99 ms" in done.stdout
+    assert not Stream.objects.filter(label="pgstreams-bench-fanout").exists()
 
 
 def _cpu_parts_add_up(figures: dict) -> None:

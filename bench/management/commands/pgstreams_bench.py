@@ -178,6 +178,12 @@ class Command(BaseCommand):
         )
         parser.add_argument("--no-ceiling", action="store_true", help="for --fanout-shapes: skip the raw ASGI runs")
         parser.add_argument(
+            "--ceiling-writer",
+            action="store_true",
+            help="for --fanout-shapes: run the shape's writer beside the raw app too (to streams nobody reads): "
+            "what any server could deliver on this machine while the writer and Postgres take their share",
+        )
+        parser.add_argument(
             "--idle", type=int, default=0, help="for --fanout-shapes: also that many idle connections of each kind"
         )
         parser.add_argument("--json", dest="json_path", help="write the report as JSON here")
@@ -295,7 +301,9 @@ class Command(BaseCommand):
             raise CommandError(
                 f"--transports must be some of {', '.join(TRANSPORTS)}; --servers of {', '.join(SERVERS)}"
             )
-        config = FanoutConfig(shapes, transports, servers, o["duration"], not o["no_ceiling"], o["idle"])
+        config = FanoutConfig(
+            shapes, transports, servers, o["duration"], not o["no_ceiling"], o["ceiling_writer"], o["idle"]
+        )
         try:
             return run_fanout(config, say=self.say)
         except RuntimeError as exc:
