@@ -217,16 +217,15 @@ def _latencies(results: list[dict[str, Any]]) -> dict[str, float | None]:
 
 
 class _Writer:
-    """The shape's writer (``procs.clock_writer``) in its own process, on streams of its own: it
-    writes once ``start()`` is called, and ``result()`` is what it reports when done."""
+    """The shape's writer (``procs.clock_writer``) in its own process, on streams of its own
+    (``streams``): it writes once ``start()`` is called, and ``result()`` is what it reported."""
 
     def __init__(self, shape: Shape, seconds: float) -> None:
         from pgstreams import conf
         from pgstreams.models import Stream
 
-        self._database = conf.database()
         tag = uuid.uuid4().hex[:8]
-        made = Stream.objects.using(self._database).bulk_create(
+        made = Stream.objects.using(conf.database()).bulk_create(
             Stream(label=STREAMS_LABEL, path=f"fanout/{tag}/{i}", content_type="application/json")
             for i in range(shape.streams)
         )
@@ -234,11 +233,10 @@ class _Writer:
         self.seconds = seconds
         ctx = multiprocessing.get_context("spawn")
         self._go, self._results = ctx.Event(), ctx.Queue()
-        self._process = ctx.Process(
+        self.process = ctx.Process(
             target=procs.clock_writer,
             args=(boot("buffered"), [s["id"] for s in self.streams], shape.rate, seconds, self._go, self._results),
         )
-        self._process.start()
 
     def start(self) -> None:
         self._go.set()
@@ -246,22 +244,22 @@ class _Writer:
     def result(self) -> procs.ClockWriterResult:
         return self._results.get(timeout=self.seconds + 120)
 
-    def close(self) -> None:
-        from pgstreams.models import Stream
-
-        self._process.join(30)
-        if self._process.is_alive():
-            self._process.kill()
-        Stream.objects.using(self._database).filter(label=STREAMS_LABEL).delete()
-
 
 @contextmanager
 def _writing(shape: Shape, seconds: float) -> Iterator[_Writer]:
+    """A ``_Writer``'s process running; it is stopped, and its streams deleted, after."""
+    from pgstreams import conf
+    from pgstreams.models import Stream
+
     writer = _Writer(shape, seconds)
     try:
+        writer.process.start()
         yield writer
     finally:
-        writer.close()
+        if writer.process.pid is not None:  # started
+            writer.process.join(30)
+            writer.process.kill()  # if it is still there
+        Stream.objects.using(conf.database()).filter(label=STREAMS_LABEL).delete()
 
 
 def _pgstreams_run(node: str, server: str, transport: str, shape: Shape, seconds: float) -> dict[str, Any]:
@@ -424,7 +422,8 @@ def table(report: dict[str, Any]) -> str:
             f"{row['server']:<8} {row['transport']:<9} {row['shape']:<12} {p['connect_s']:>9} "
             f"{p.get('followed_s', '-'):>11} {p['deliveries_per_s']:>13,.0f} "
             f"{e['p50'] or 0:>7} {e['p99'] or 0:>7} {e['max'] or 0:>7} {p['coverage'] or 0:>9} "
-            f"{p['server_cpu_us_per_delivery'] or 0:>12} {'-' if ratio is None else ratio:>11} {raw or '-':>11}"
+            f"{p['server_cpu_us_per_delivery'] or 0:>12} {'-' if ratio is None else ratio:>11} "
+            f"{'-' if raw is None else raw:>11}"
         )
     return "\n".join(
         lines + _cpu_table([row for row in report["runs"] if "total_cpu_us_per_delivery" in row.get("pgstreams", {})])
