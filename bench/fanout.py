@@ -38,11 +38,12 @@ import httpx
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
+from demo_project.servers import server_command
+
 from . import cpu, procs
 from .durable import NODE, _node
 from .report import Column, _grid, _opt
 from .run import boot
-from .servers import server_command
 from .ws import PeakMemory, _free_port, _wait_for_port
 
 ROOT = Path(__file__).resolve().parent.parent

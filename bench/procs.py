@@ -242,7 +242,7 @@ def server(boot: Boot, port: int) -> None:
     from channels.routing import get_default_application
     from daphne.server import Server
 
-    from .servers import daphne_endpoint
+    from demo_project.servers import daphne_endpoint
 
     Server(application=get_default_application(), endpoints=[daphne_endpoint("127.0.0.1", port)]).run()
 

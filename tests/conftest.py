@@ -21,7 +21,7 @@ from asgiref.sync import SyncToAsync
 from django.db import connection, connections
 from django.db.backends.base.creation import TEST_DATABASE_PREFIX
 
-from bench.servers import SERVERS, server_command
+from demo_project.servers import SERVERS, server_command
 from pgstreams import appender, generations, listener, notify, threads
 from tests.helpers import ROOT, end_answers_in_flight, free_port, in_thread, subprocess_database_url
 

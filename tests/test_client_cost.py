@@ -18,7 +18,7 @@ from django.db import connections
 import pgstreams
 from bench import catchup
 from bench.fanout import METRICS_TOKEN
-from bench.servers import SERVERS
+from demo_project.servers import SERVERS
 from pgstreams.durable import wire
 from pgstreams.models import Chunk
 from tests.conftest import open_server

@@ -29,7 +29,7 @@ from django.test import AsyncClient, Client, override_settings
 from django.utils import timezone
 
 import pgstreams
-from bench.servers import SERVERS
+from demo_project.servers import SERVERS
 from pgstreams import conf, db
 from pgstreams.durable import store, wire
 from pgstreams.models import Stream

@@ -28,7 +28,7 @@ from django.db import connection, connections
 import pgstreams
 from bench.pgserver import ServerControl
 from bench.proxy import database_via, proxy_for
-from bench.servers import SERVERS
+from demo_project.servers import SERVERS
 from pgstreams import notify
 from pgstreams.models import Chunk, Stream
 from tests.conftest import open_server

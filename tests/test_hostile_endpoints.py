@@ -29,7 +29,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 import pgstreams
-from bench.servers import server_command
+from demo_project.servers import server_command
 from pgstreams.models import Chunk, Stream
 from pgstreams.origin import CsrfOriginValidator
 from tests.conftest import OPEN_DURABLE, serving

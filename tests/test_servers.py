@@ -23,7 +23,7 @@ from asgiref.sync import sync_to_async
 from django.contrib.auth import get_user_model
 
 import pgstreams
-from bench.servers import GRANIAN_KILL_TIMEOUT, SERVERS, server_command
+from demo_project.servers import GRANIAN_KILL_TIMEOUT, SERVERS, server_command
 from pgstreams.consumers import WINDOW_CHUNKS
 from tests.helpers import ROOT, free_port
 

@@ -22,7 +22,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AnonymousUser
 
 import pgstreams
-from bench.servers import server_command
+from demo_project.servers import server_command
 from pgstreams import consumers
 from pgstreams.models import Chunk
 from pgstreams.routing import websocket_urlpatterns

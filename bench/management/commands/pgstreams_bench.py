@@ -17,8 +17,8 @@ from bench.llm import LlmConfig, run_llm
 from bench.llm_procs import APPEND_METHODS, METHODS, PACE
 from bench.report import plot
 from bench.run import MODES, Config, run
-from bench.servers import SERVERS
 from bench.takeover import TakeoverConfig, connections_problem, run_takeover
+from demo_project.servers import SERVERS
 
 
 class Command(BaseCommand):

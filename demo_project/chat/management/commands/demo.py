@@ -61,7 +61,7 @@ class Command(BaseCommand):
         from channels.routing import get_default_application
         from daphne.server import Server
 
-        from bench.servers import daphne_endpoint  # with a backlog for a thousand reconnecting browsers
+        from demo_project.servers import daphne_endpoint  # with a backlog for a thousand reconnecting browsers
 
         host, port = parse_addrport(addrport)
         if workers < 0:

@@ -1,6 +1,6 @@
 """The ASGI servers pgstreams supports, and how each serves an application on a loopback port in
 one process: daphne (the default, the demo's), uvicorn (with httptools, uvloop and its
-websockets-sansio implementation) and granian. Used by the benchmark and the tests alike."""
+websockets-sansio implementation) and granian. Used by the demo, the benchmark and the tests."""
 
 from __future__ import annotations
 
