@@ -51,8 +51,9 @@ KINDS = [
         "One server process to many sockets",
         (
             "Delivery from one server process to many WebSocket and SSE subscribers (Node clients "
-            "acking every frame, the writer in another process), beside a raw ASGI app that sends the "
-            "same bytes with no database."
+            "acknowledging frames as pgstreams.js does, the writer in another process), beside a raw "
+            "ASGI app that sends the same bytes with no database; with `--ceiling-writer`, while the "
+            "same writer writes beside it, as it does beside pgstreams."
         ),
     ),
     Kind(
