@@ -11,8 +11,8 @@ a delivery's CPU goes (the writer process, Postgres, the server, and their sum);
 ceiling in the same run: the raw ASGI application of ``raw_asgi`` on the same server, sending
 the same subscribers the same bytes at the same rate, pgstreams reported as a fraction of it;
 with ``--ceiling-writer`` the shape's writer writes beside the raw app too, to streams nobody reads,
-so that the raw app shares the machine with the writer and Postgres as pgstreams does: what any
-server could deliver here.
+so that the raw app shares the machine with the writer and Postgres as pgstreams does: what a
+server sending each chunk in a frame of its own could deliver here.
 ``--idle`` measures what idle WebSockets and SSE connections cost the server, and the raw app,
 from IDLE_SETTLE after the server follows them all (their first reads, and the collector's work
 on the connect storm's garbage, take a few seconds more).
@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import queue
 import select
 import subprocess
 import tempfile
@@ -53,6 +54,7 @@ CONNECT_TIMEOUT = 120.0  # seconds the subscribers have to connect, all of them
 SETTLE = 0.5  # seconds between the last subscriber's connecting and the first write
 DRAIN = 3.0  # seconds the subscribers stay after the last write at most (they leave once they have the last)
 STREAMS_LABEL = "pgstreams-bench-fanout"  # the streams of a run, deleted after it
+WRITER_READY_TIMEOUT = 60.0  # seconds the writer's process has to boot
 IDLE_SETTLE = 5.0  # seconds between the server's following every idle subscriber and its idle CPU's measure
 METRICS_TOKEN = uuid.uuid4().hex  # the demo's servers show their metrics to its bearer
 # The gauge of the subscribers a demo server follows, by transport: a WebSocket is accepted before
@@ -233,17 +235,37 @@ class _Writer:
         self.streams = [{"id": str(s.id), "path": s.path} for s in made]
         self.seconds = seconds
         ctx = multiprocessing.get_context("spawn")
-        self._go, self._results = ctx.Event(), ctx.Queue()
+        self._ready, self._go, self._results = ctx.Event(), ctx.Event(), ctx.Queue()
+        ids = [s["id"] for s in self.streams]
         self.process = ctx.Process(
             target=procs.clock_writer,
-            args=(boot("buffered"), [s["id"] for s in self.streams], shape.rate, seconds, self._go, self._results),
+            args=(boot("buffered"), ids, shape.rate, seconds, self._ready, self._go, self._results),
         )
 
+    @property
+    def started(self) -> bool:
+        return self._go.is_set()
+
     def start(self) -> None:
+        """Let it write, once its process is set up (a spawned process boots Django first)."""
+        if not self._ready.wait(WRITER_READY_TIMEOUT):
+            raise RuntimeError(f"the writer's process was not ready after {WRITER_READY_TIMEOUT:g} s")
         self._go.set()
 
     def result(self) -> procs.ClockWriterResult:
-        return self._results.get(timeout=self.seconds + 120)
+        deadline = time.monotonic() + self.seconds + 120
+        while True:
+            try:
+                return self._results.get(timeout=1.0)
+            except queue.Empty:
+                if not self.process.is_alive():  # what it put before it exited is there by now
+                    try:
+                        return self._results.get(timeout=1.0)
+                    except queue.Empty:
+                        ended = self.process.exitcode
+                        raise RuntimeError(f"the writer's process ended ({ended}) with no report") from None
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the writer's process did not report in time") from None
 
 
 @contextmanager
@@ -252,14 +274,17 @@ def _writing(shape: Shape, seconds: float) -> Iterator[_Writer]:
     from pgstreams import conf
     from pgstreams.models import Stream
 
-    writer = _Writer(shape, seconds)
+    writer: _Writer | None = None
     try:
+        writer = _Writer(shape, seconds)
         writer.process.start()
         yield writer
     finally:
-        if writer.process.pid is not None:  # started
-            writer.process.join(30)
-            writer.process.kill()  # if it is still there
+        if writer is not None and writer.process.pid is not None:
+            if writer.started:
+                writer.process.join(30)
+            writer.process.kill()  # one never started waits for it forever; one done is not signalled
+            writer.process.join()
         Stream.objects.using(conf.database()).filter(label=STREAMS_LABEL).delete()
 
 
@@ -293,7 +318,8 @@ def _ceiling_run(
     node: str, server: str, transport: str, shape: Shape, seconds: float, with_writer: bool = False
 ) -> dict[str, Any]:
     """The raw app's run; ``with_writer``: with the shape's writer writing beside it, to streams
-    nobody reads, so that the machine carries the writer's and Postgres' load as in pgstreams' run."""
+    nobody reads, so that the machine carries the writer's and Postgres' load as in pgstreams' run
+    (``writer_chunks``: what it wrote, None without it)."""
     streams = [{"id": str(uuid.uuid4()), "path": f"raw/{i}"} for i in range(shape.streams)]
     chunks = int(shape.rate * seconds)  # per stream, as the raw app writes them
     with ExitStack() as stack:
@@ -311,10 +337,12 @@ def _ceiling_run(
         out = _collect(clients, timeout=SETTLE + seconds + DRAIN + 60)
         server_cpu = cpu.tree(process) - server_cpu
         memory.stop.set()
-        if writer is not None:
-            writer.result()
+        written = writer.result() if writer is not None else None
     expected = chunks * shape.streams * shape.subscribers
-    return {**_figures(out, server_cpu, memory.peak, seconds, expected, connect), "with_writer": with_writer}
+    return {
+        **_figures(out, server_cpu, memory.peak, seconds, expected, connect),
+        "writer_chunks": sum(written.chunks.values()) if written is not None else None,  # written beside it
+    }
 
 
 def _delivered(out: list[dict[str, Any]]) -> int:

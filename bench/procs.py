@@ -358,10 +358,13 @@ class ClockWriterResult:
     batches: int  # the appender committed
 
 
-def clock_writer(boot: Boot, stream_ids: list[str], rate: float, seconds: float, go: Any, results: Any) -> None:
-    """The fan-out benchmark's writer: ``rate`` chunks/s to each stream through its own
-    ``stream_writer``, each chunk its wall-clock time (a JSON number), for ``seconds``; then it
-    closes the streams and reports the chunks per stream and its CPU time. The streams' chunks
+def clock_writer(
+    boot: Boot, stream_ids: list[str], rate: float, seconds: float, ready: Any, go: Any, results: Any
+) -> None:
+    """The fan-out benchmark's writer: once set up it sets ``ready`` and waits for ``go``, then
+    writes ``rate`` chunks/s to each stream through its own ``stream_writer``, each chunk its
+    wall-clock time (a JSON number), for ``seconds``; then it closes the streams and reports the
+    chunks per stream and its CPU time. The streams' chunks
     are due in turn, evenly spread (chunk n of stream i at n / rate + i / (streams * rate)), so
     one task sends them all, each as it falls due, and sleeps until the next one: a model's
     tokens arrive, and the process spends its CPU on pgstreams, not on a timer per token (a task
@@ -373,6 +376,7 @@ def clock_writer(boot: Boot, stream_ids: list[str], rate: float, seconds: float,
     from pgstreams.appender import appender
 
     async def main() -> ClockWriterResult:
+        ready.set()
         go.wait()
         cpu = time.process_time()
         start = time.monotonic()

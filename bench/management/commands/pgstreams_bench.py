@@ -181,7 +181,8 @@ class Command(BaseCommand):
             "--ceiling-writer",
             action="store_true",
             help="for --fanout-shapes: run the shape's writer beside the raw app too (to streams nobody reads): "
-            "what any server could deliver on this machine while the writer and Postgres take their share",
+            "what a server sending each chunk in a frame of its own could deliver while the writer and Postgres "
+            "take their share of the machine",
         )
         parser.add_argument(
             "--idle", type=int, default=0, help="for --fanout-shapes: also that many idle connections of each kind"
