@@ -158,7 +158,7 @@ def pages_from_rows(keys: list[Key], rows: list[tuple[Any, ...]]) -> dict[Key, P
         if i != at:
             at, key = i, keys[i - 1]
             expect = key[1]  # the offset the page's next chunk must have
-            page = pages[key] = Page(next_offset is not None, next_offset or 0, bool(closed))
+            page = pages[key] = Page(next_offset is not None, next_offset or 0, bool(closed))  # exists, next, closed
         if offset is None or page.pruned_to is not None:
             continue
         if offset == expect:
