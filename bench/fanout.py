@@ -224,15 +224,7 @@ class _Writer:
     (``streams``): it writes once ``start()`` is called, and ``result()`` is what it reported."""
 
     def __init__(self, shape: Shape, seconds: float) -> None:
-        from pgstreams import conf
-        from pgstreams.models import Stream
-
-        tag = uuid.uuid4().hex[:8]
-        made = Stream.objects.using(conf.database()).bulk_create(
-            Stream(label=STREAMS_LABEL, path=f"fanout/{tag}/{i}", content_type="application/json")
-            for i in range(shape.streams)
-        )
-        self.streams = [{"id": str(s.id), "path": s.path} for s in made]
+        self.streams = _make_streams(shape.streams)
         self.seconds = seconds
         ctx = multiprocessing.get_context("spawn")
         self._ready, self._go, self._results = ctx.Event(), ctx.Event(), ctx.Queue()
@@ -255,15 +247,12 @@ class _Writer:
     def result(self) -> procs.ClockWriterResult:
         deadline = time.monotonic() + self.seconds + 120
         while True:
+            alive = self.process.is_alive()  # asked first: what it put before it ended, this get reads
             try:
                 return self._results.get(timeout=1.0)
             except queue.Empty:
-                if not self.process.is_alive():  # what it put before it exited is there by now
-                    try:
-                        return self._results.get(timeout=1.0)
-                    except queue.Empty:
-                        ended = self.process.exitcode
-                        raise RuntimeError(f"the writer's process ended ({ended}) with no report") from None
+                if not alive:
+                    raise RuntimeError(f"the writer's process ended ({self.process.exitcode}) with no report") from None
                 if time.monotonic() > deadline:
                     raise RuntimeError("the writer's process did not report in time") from None
 
@@ -271,9 +260,6 @@ class _Writer:
 @contextmanager
 def _writing(shape: Shape, seconds: float) -> Iterator[_Writer]:
     """A ``_Writer``'s process running; it is stopped, and its streams deleted, after."""
-    from pgstreams import conf
-    from pgstreams.models import Stream
-
     writer: _Writer | None = None
     try:
         writer = _Writer(shape, seconds)
@@ -285,7 +271,26 @@ def _writing(shape: Shape, seconds: float) -> Iterator[_Writer]:
                 writer.process.join(30)
             writer.process.kill()  # one never started waits for it forever; one done is not signalled
             writer.process.join()
-        Stream.objects.using(conf.database()).filter(label=STREAMS_LABEL).delete()
+        _delete_streams()
+
+
+def _make_streams(count: int) -> list[dict[str, str]]:
+    """``count`` new JSON streams for a run, as its clients name them (id and path)."""
+    from pgstreams import conf
+    from pgstreams.models import Stream
+
+    tag = uuid.uuid4().hex[:8]
+    made = Stream.objects.using(conf.database()).bulk_create(
+        Stream(label=STREAMS_LABEL, path=f"fanout/{tag}/{i}", content_type="application/json") for i in range(count)
+    )
+    return [{"id": str(s.id), "path": s.path} for s in made]
+
+
+def _delete_streams() -> None:
+    from pgstreams import conf
+    from pgstreams.models import Stream
+
+    Stream.objects.using(conf.database()).filter(label=STREAMS_LABEL).delete()
 
 
 def _pgstreams_run(node: str, server: str, transport: str, shape: Shape, seconds: float) -> dict[str, Any]:
@@ -371,15 +376,7 @@ def _figures(
 def _idle_run(node: str, server: str, transport: str, connections: int, app: str) -> dict[str, Any]:
     """``connections`` idle subscribers on ``connections // 10`` streams of ``app`` (the demo, or
     the raw ceiling): the server's RSS per connection, and its CPU over ten idle seconds."""
-    from pgstreams import conf
-    from pgstreams.models import Stream
-
-    tag = uuid.uuid4().hex[:8]
-    made = Stream.objects.using(conf.database()).bulk_create(
-        Stream(label=STREAMS_LABEL, path=f"fanout/{tag}/{i}", content_type="application/json")
-        for i in range(max(1, connections // 10))
-    )
-    streams = [{"id": str(s.id), "path": s.path} for s in made]
+    streams = _make_streams(max(1, connections // 10))
     try:
         with serving(server, app) as (base, process):
             time.sleep(1.0)
@@ -395,7 +392,7 @@ def _idle_run(node: str, server: str, transport: str, connections: int, app: str
             idle_cpu = cpu.tree(process) - idle_cpu
             _collect(clients, timeout=60)
     finally:
-        Stream.objects.using(conf.database()).filter(label=STREAMS_LABEL).delete()
+        _delete_streams()
     return {
         "connections": connections,
         "connect_s": round(connect, 2),
