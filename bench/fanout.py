@@ -233,15 +233,16 @@ class _Writer:
             target=procs.clock_writer,
             args=(boot("buffered"), ids, shape.rate, seconds, self._ready, self._go, self._results),
         )
-
-    @property
-    def started(self) -> bool:
-        return self._go.is_set()
+        self.reported = False  # result() read what it reported
 
     def start(self) -> None:
         """Let it write, once its process is set up (a spawned process boots Django first)."""
-        if not self._ready.wait(WRITER_READY_TIMEOUT):
-            raise RuntimeError(f"the writer's process was not ready after {WRITER_READY_TIMEOUT:g} s")
+        deadline = time.monotonic() + WRITER_READY_TIMEOUT
+        while not self._ready.wait(0.5):
+            if not self.process.is_alive():
+                raise RuntimeError(f"the writer's process ended ({self.process.exitcode}) as it started")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the writer's process was not ready after {WRITER_READY_TIMEOUT:g} s")
         self._go.set()
 
     def result(self) -> procs.ClockWriterResult:
@@ -249,7 +250,9 @@ class _Writer:
         while True:
             alive = self.process.is_alive()  # asked first: what it put before it ended, this get reads
             try:
-                return self._results.get(timeout=1.0)
+                written = self._results.get(timeout=1.0)
+                self.reported = True
+                return written
             except queue.Empty:
                 if not alive:
                     raise RuntimeError(f"the writer's process ended ({self.process.exitcode}) with no report") from None
@@ -259,7 +262,9 @@ class _Writer:
 
 @contextmanager
 def _writing(shape: Shape, seconds: float) -> Iterator[_Writer]:
-    """A ``_Writer``'s process running; it is stopped, and its streams deleted, after."""
+    """A ``_Writer``'s process running; after, its streams are deleted and it is stopped: let end
+    once it has reported, else killed at once (a run that failed before reading its report: the
+    writer may still be writing, or be held by the report it cannot hand over)."""
     writer: _Writer | None = None
     try:
         writer = _Writer(shape, seconds)
@@ -267,9 +272,9 @@ def _writing(shape: Shape, seconds: float) -> Iterator[_Writer]:
         yield writer
     finally:
         if writer is not None and writer.process.pid is not None:
-            if writer.started:
+            if writer.reported:
                 writer.process.join(30)
-            writer.process.kill()  # one never started waits for it forever; one done is not signalled
+            writer.process.kill()  # if it is still there
             writer.process.join()
         _delete_streams()
 

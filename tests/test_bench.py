@@ -7,13 +7,14 @@ from __future__ import annotations
 import gc
 import json
 import os
+import signal
 import subprocess
 import sys
 
 import pytest
 from django.core.management import CommandError, call_command
 
-from bench import llm_procs
+from bench import fanout, llm_procs
 from pgstreams.models import Stream
 from tests.helpers import ROOT, subprocess_database_url
 
@@ -130,6 +131,22 @@ def test_the_raw_ceiling_can_run_beside_the_writer(tmp_path) -> None:
     assert (ceiling["coverage"], ceiling["duplicates"], ceiling["gaps"]) == (1.0, 0, 0)
     assert "raw p99 ms" in done.stdout
     assert not Stream.objects.filter(label="pgstreams-bench-fanout").exists()
+
+
+def test_a_run_that_fails_stops_its_writer_at_once_and_deletes_its_streams() -> None:
+    """The benchmark's writer process is killed as soon as a run fails before reading its report
+    (not left to write on, or to wait to hand over a report nobody reads), and a writer that died
+    as it booted is said to have ended, not awaited until the boot's timeout."""
+    with pytest.raises(ValueError), fanout._writing(fanout.Shape(2, 1, 5), 5.0) as writer:
+        writer.start()
+        raise ValueError("the run failed")
+    assert writer.process.exitcode == -signal.SIGKILL  # killed mid-write: 5 s of writing not let run out
+    booting = fanout._writing(fanout.Shape(1, 1, 5), 1.0)
+    with pytest.raises(RuntimeError, match=r"ended \(-9\) as it started"), booting as w:
+        w.process.kill()
+        w.process.join()
+        w.start()
+    assert not Stream.objects.filter(label=fanout.STREAMS_LABEL).exists()
 
 
 def _cpu_parts_add_up(figures: dict) -> None:
