@@ -262,9 +262,9 @@ class _Writer:
 
 @contextmanager
 def _writing(shape: Shape, seconds: float) -> Iterator[_Writer]:
-    """A ``_Writer``'s process running; after, its streams are deleted and it is stopped: let end
-    once it has reported, else killed at once (a run that failed before reading its report: the
-    writer may still be writing, or be held by the report it cannot hand over)."""
+    """A ``_Writer``'s process running; after, it is stopped (let end once it has reported, else
+    killed at once: a run that failed before reading its report may leave it writing, or held by
+    the report it cannot hand over), and its streams are deleted."""
     writer: _Writer | None = None
     try:
         writer = _Writer(shape, seconds)
