@@ -24,6 +24,7 @@ import functools
 import select
 import threading
 from collections.abc import Awaitable, Callable
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final, ParamSpec, TypeVar
 
@@ -49,9 +50,9 @@ class _Threads(ThreadPoolExecutor):
         self.size = size
 
     def stop(self) -> None:
-        """Have each thread close its Django connections, then end the threads. Each thread
-        takes one closing task and waits at a barrier, so no thread takes two; one still busy
-        after STOP_TIMEOUT keeps its connections until it ends."""
+        """Have each thread close its Django connections, and return once they have, then end
+        the threads. Each thread takes one closing task and waits at a barrier, so no thread
+        takes two; one still busy after STOP_TIMEOUT keeps its connections until it ends."""
         barrier = threading.Barrier(self.size, timeout=STOP_TIMEOUT)
 
         def close_mine() -> None:
@@ -59,9 +60,10 @@ class _Threads(ThreadPoolExecutor):
             with contextlib.suppress(threading.BrokenBarrierError):
                 barrier.wait()
 
+        closing = []
         with contextlib.suppress(RuntimeError):  # the interpreter is exiting: the threads are gone
-            for _ in range(self.size):
-                self.submit(close_mine)
+            closing = [self.submit(close_mine) for _ in range(self.size)]
+        futures.wait(closing, timeout=STOP_TIMEOUT + 1)
         self.shutdown(wait=False)
 
 
