@@ -5,7 +5,7 @@ import { copyFileSync, readFileSync } from "node:fs"
 
 const to = "../demo_project/chat/static/chat/vendor"
 for (const [name, script, vendored] of [
-  ["htmx.org", "dist/htmx.min.js", "htmx.min.js"],
+  ["htmx.org-2", "dist/htmx.min.js", "htmx.min.js"],
   ["htmx-ext-sse", "dist/sse.min.js", "htmx-ext-sse.js"],
 ]) {
   const from = `node_modules/${name}`
