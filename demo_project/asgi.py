@@ -1,7 +1,7 @@
 """ASGI entry point of the demo site: HTTP (with static files, and pgstreams' Durable Streams
-endpoint straight to its view) and pgstreams' WebSocket routes, behind an Origin check as strict
-as Django's CSRF check (scheme, host and port). The objects loaded at start are frozen out of the
-garbage collector (docs/howto/deploy.md)."""
+endpoint straight to its view), pgstreams' WebSocket routes and the AI SDK page's chat socket,
+behind an Origin check as strict as Django's CSRF check (scheme, host and port). The objects
+loaded at start are frozen out of the garbage collector (docs/howto/deploy.md)."""
 
 import gc
 import os
@@ -15,6 +15,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set u
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from demo_project.chat import sockets  # noqa: E402
 from pgstreams.durable.asgi import DurableStreamsFirst  # noqa: E402
 from pgstreams.origin import CsrfOriginValidator  # noqa: E402
 from pgstreams.routing import websocket_urlpatterns  # noqa: E402
@@ -23,7 +24,9 @@ application = ProtocolTypeRouter(
     {
         # The Durable Streams endpoint's requests skip the middleware chain (README, Durable Streams).
         "http": DurableStreamsFirst(ASGIStaticFilesHandler(django_application)),
-        "websocket": CsrfOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "websocket": CsrfOriginValidator(
+            AuthMiddlewareStack(URLRouter(websocket_urlpatterns + sockets.websocket_urlpatterns))
+        ),
     }
 )
 

@@ -1,13 +1,17 @@
-// The demo's AI SDK chat page (demo_project/chat/templates/chat/ai.html): the SDK's own useChat
-// against the demo's ai/chat endpoints, resuming on load. Bundled with React into the demo's
-// static files by vendor_aisdk.mjs: cd node && npm ci && npm run vendor-aisdk
+// The demo's AI SDK chat page (demo_project/chat/templates/chat/ai.html): the SDK's own useChat,
+// resuming on load, over the transport the page names: "websocket", ai 7's WebSocketChatTransport
+// on the demo's chat socket (ws/ai/chat/, pgstreams.aisdk_ws), or "http", DefaultChatTransport on
+// the demo's ai/chat endpoints. Bundled with React into the demo's static files by
+// vendor_aisdk.mjs, once with ai 7 and once with ai 6 (which has no WebSocket transport):
+// cd node && npm ci && npm run vendor-aisdk
 import { useChat } from "@ai-sdk/react"
 import { DefaultChatTransport, readUIMessageStream } from "ai"
-import { useState } from "react"
+import { useMemo, useState } from "react"
 import { createRoot } from "react-dom/client"
+import { WebSocketChatTransport } from "websocket-transport" // ai 7's, or undefined (vendor_aisdk.mjs)
 
 const root = document.getElementById("ai-chat")
-const { chatId, csrf, api } = root.dataset
+const { chatId, csrf, api, socket, transport: kind } = root.dataset
 const headers = { "X-CSRFToken": csrf }
 
 // The earlier turns as the page rendered them: prompts, and each answer's stored parts, made
@@ -39,12 +43,19 @@ function Text({ message }) {
   return message.parts.filter((part) => part.type === "text").map((part) => part.text).join("")
 }
 
+// One socket for the page's chat, opened at the first request; the session's cookie goes with
+// its handshake, so the frames need no headers.
+function makeTransport() {
+  return kind === "websocket" ? new WebSocketChatTransport({ url: socket }) : new DefaultChatTransport({ api, headers })
+}
+
 function Chat({ initialMessages }) {
-  const { messages, sendMessage, status, error } = useChat({
+  const transport = useMemo(makeTransport, [])
+  const { messages, sendMessage, status, error, stop: stopStreaming } = useChat({
     id: chatId,
     messages: initialMessages,
     resume: true,
-    transport: new DefaultChatTransport({ api, headers }),
+    transport,
   })
   const [prompt, setPrompt] = useState("")
   const busy = status === "submitted" || status === "streaming"
@@ -54,9 +65,10 @@ function Chat({ initialMessages }) {
     sendMessage({ text: prompt })
     setPrompt("")
   }
-  // The SDK's stop() only disconnects (the answer would go on, and come back at the next
-  // load): the demo's endpoint ends the answer, and the client reads its abort part.
-  const stop = () => fetch(`${api}/${chatId}/stop`, { method: "POST", headers })
+  // Over the socket, stop() sends an abort frame, which ends the answer for every reader. Over
+  // HTTP it only disconnects (the answer would go on, and come back at the next load): the
+  // demo's endpoint ends the answer, and the client reads its abort part.
+  const stop = () => (kind === "websocket" ? stopStreaming() : fetch(`${api}/${chatId}/stop`, { method: "POST", headers }))
   return (
     <>
       <ol className="messages">

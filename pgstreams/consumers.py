@@ -101,7 +101,7 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
         # The bytes of a chunks frame around its items: the same for every frame of this socket.
         self.stream_text = str(self.stream_id)  # as its frames name it: a UUID's str() is Python code
         self.envelope = len(protocol.chunks_frame("0" * 2 * FRAME_ID_BYTES, self.stream_text, ""))
-        self.send_raw = _unwrapped(self.base_send)
+        self.send_raw = server_send(self.base_send)
         self.pump = asyncio.create_task(self.send_chunks(), name=f"pgstreams-ws-{self.stream_id}")
         metrics.websocket_clients.inc()
 
@@ -388,7 +388,7 @@ class _FrameIds:
 _frame_ids = _FrameIds()
 
 
-def _unwrapped(send: Any) -> Any:
+def server_send(send: Any) -> Any:
     """The server's own send, under Channels' session wrappers: they act only on HTTP responses
     (to save the session and set its cookie), and this consumer never changes the session, but
     each costs every frame an await. Authentication stays where it was, at connect."""

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -238,11 +239,15 @@ async def test_a_source_that_yields_neither_text_nor_a_part_is_refused_and_ends_
 ROUTES = {
     "ui-message-stream": {"api": "/ai/chat", "transport": "default"},  # DefaultChatTransport, pgstreams.aisdk.response
     "durable-streams": {"api": "/ai/durable/chat", "transport": "durable"},  # @durable-streams/aisdk-transport
+    "websocket": {"api": "/ai/chat", "transport": "websocket"},  # ai 7's WebSocketChatTransport, pgstreams.aisdk_ws
+    # The same clients on ai 6 (@ai-sdk/react 3), which has no WebSocket transport.
+    "ui-message-stream-ai6": {"api": "/ai/chat", "transport": "default", "sdk": 6},
+    "durable-streams-ai6": {"api": "/ai/durable/chat", "transport": "durable", "sdk": 6},
 }
 
 
 @pytest.fixture(params=list(ROUTES))
-def chat_client(request, session) -> dict[str, str]:
+def chat_client(request, session) -> dict[str, Any]:
     """The session, the transport the SDK's client uses and the demo's endpoints for it (the
     test's id names the route)."""
     return {**session, **ROUTES[request.param]}
@@ -291,6 +296,8 @@ def latest_answer(chat: str) -> Stream:
 
 def test_the_sdk_client_gets_a_whole_answer_and_again_after_it_ended(demo_server: str, chat_client) -> None:
     sent = sdk(demo_server, chat_client, "whole", "send", prompt=PROMPT)
+    major = str(chat_client.get("sdk", 7))
+    assert [v.split(".")[0] for v in sent["versions"].values()] == [major, str(int(major) - 3)]  # ai, @ai-sdk/react
     assert sent["status"] == "ready" and sent["error"] is None and roles(sent) == ["user", "assistant"]
     assert text(sent["messages"][1]) == WHOLE
     answer = latest_answer("whole")
@@ -304,7 +311,13 @@ def test_the_sdk_client_gets_a_whole_answer_and_again_after_it_ended(demo_server
 
 def test_a_reload_mid_answer_resumes_it_from_postgres_with_nothing_lost_or_twice(demo_server: str, chat_client) -> None:
     cut = sdk(demo_server, chat_client, "reload", "send", prompt=PROMPT, disconnectAfter=5)
-    assert cut["status"] == "ready" and 5 <= len(text(cut["messages"][1])) < len(WHOLE)
+    # Over the socket, the transport's close() fails the request it cut (a page that reloads sees nothing).
+    ended = (
+        ("error", "WebSocket chat transport was closed.")
+        if chat_client["transport"] == "websocket"
+        else ("ready", None)
+    )
+    assert (cut["status"], cut["error"]) == ended and 5 <= len(text(cut["messages"][1])) < len(WHOLE)
     # The page reloads: it renders what it had (or only the prompt) and resumes.
     with_partial = start(demo_server, chat_client, "reload", "resume", messages=cut["messages"])
     prompt_only = sdk(demo_server, chat_client, "reload", "resume", messages=cut["messages"][:1])
@@ -478,13 +491,26 @@ def test_a_project_made_from_the_howto_alone_serves_an_answer_to_the_sdk_client(
 OTHER = "And what does the poll cost?"
 
 
-def open_chat(page, host: str) -> str:
-    """Sign in as the demo's user and open a new AI SDK chat; returns its page's URL."""
+# The demo page's transports: ai 7 over its chat socket (the default), ai 7 over HTTP, ai 6 over HTTP.
+PAGES = {"websocket": "", "http": "?transport=http", "http-ai6": "?sdk=6"}
+
+
+@pytest.fixture(params=list(PAGES))
+def page_query(request) -> str:
+    return PAGES[request.param]
+
+
+def open_chat(page, host: str, query: str = "") -> str:
+    """Sign in as the demo's user and open a new AI SDK chat on the page's transport; returns its
+    page's URL."""
     page.goto(f"http://{host}/accounts/login/")
     page.fill("#id_username", "demo")
     page.fill("#id_password", "demo")
     page.click("form.login button")
-    page.click("#ai-chat-link")
+    if query:
+        page.goto(f"http://{host}/ai/{query}")
+    else:
+        page.click("#ai-chat-link")
     page.wait_for_selector("#ai-status[data-state=ready]")
     return page.url
 
@@ -505,10 +531,15 @@ def wait_for_answers(page, count: int, length: int = 0) -> None:
     )
 
 
+def stored_text(chat: str) -> str:
+    answer = latest_answer(chat)
+    return "".join(p["delta"] for p in parts(answer) if p["type"] == "text-delta")
+
+
 def test_use_chat_in_chromium_answers_several_prompts_resumes_a_reload_and_shows_each_answer_once(
-    demo_server, page
+    demo_server, page, page_query
 ) -> None:
-    open_chat(page, demo_server)
+    open_chat(page, demo_server, page_query)
     ask(page, PROMPT)
     wait_for_answers(page, 1, 20)
     page.reload()  # mid-answer: useChat resumes it from Postgres
@@ -529,33 +560,55 @@ def test_use_chat_in_chromium_answers_several_prompts_resumes_a_reload_and_shows
     ]
 
 
-def test_use_chat_in_a_second_tab_follows_the_same_answer(demo_server, page) -> None:
-    url = open_chat(page, demo_server)
+def second_tab(page, url: str):
+    """Another browser context with the same session, on ``url``."""
+    context = page.context.browser.new_context(viewport={"width": 390, "height": 844})
+    context.add_cookies(page.context.cookies())
+    tab = context.new_page()
+    tab.goto(url)
+    return tab
+
+
+def test_use_chat_in_a_second_tab_follows_the_same_answer(demo_server, page, page_query) -> None:
+    url = open_chat(page, demo_server, page_query)
     ask(page, PROMPT)
     wait_for_answers(page, 1, 20)
-    tab = page.context.browser.new_context(viewport={"width": 390, "height": 844})
-    tab.add_cookies(page.context.cookies())  # the same session
-    second = tab.new_page()
-    second.goto(url)
+    second = second_tab(page, url)
     for tab in (page, second):
         wait_for_answers(tab, 1, len(WHOLE) - 1)
         tab.wait_for_selector("#ai-status[data-state=ready]")
         assert answers(tab) == [WHOLE]
 
 
-def test_use_chat_stop_in_chromium_ends_the_answer_and_a_reload_shows_the_same_part(demo_server, page) -> None:
-    open_chat(page, demo_server)
+def test_use_chat_stop_in_chromium_ends_the_answer_for_both_tabs_and_a_reload_shows_what_was_stored(
+    demo_server, page, page_query
+) -> None:
+    """Over HTTP the page's Stop posts the demo's stop endpoint and reads on to the abort part:
+    it shows what was stored. Over the socket it is useChat's stop(): an abort frame, which ends
+    the answer for every reader, and the page drops at once what was still in flight, so it shows
+    a prefix of what was stored (the words written during the abort's round trip), which the
+    other tab and a reload show whole."""
+    url = open_chat(page, demo_server, page_query)
+    chat = urlsplit(url).path.rstrip("/").rsplit("/", 1)[-1]
     ask(page, PROMPT)
     wait_for_answers(page, 1, 20)
-    page.click("#ai-stop")
-    page.wait_for_selector("#ai-status[data-state=ready]")
-    partial = answers(page)
+    second = second_tab(page, url)
+    wait_for_answers(second, 1, 20)
+    second.click("#ai-stop")  # in the tab that only follows the answer
+    for tab in (second, page):
+        tab.wait_for_selector("#ai-status[data-state=ready]")
     page.wait_for_timeout(500)  # nothing more comes: the answer was ended, not only disconnected
-    assert answers(page) == partial and 20 < len(partial[0]) < len(WHOLE)
-    page.reload()
-    wait_for_answers(page, 1, len(partial[0]) - 1)
-    page.wait_for_selector("#ai-status[data-state=ready]")
-    assert answers(page) == partial
+    stored = in_thread(lambda: stored_text(chat))
+    assert in_thread(lambda: kinds(latest_answer(chat)))[-1] == "abort" and 20 < len(stored) < len(WHOLE)
+    assert answers(page) == [stored]
+    if page_query:  # over HTTP: the tab that stopped read on to the abort
+        assert answers(second) == [stored]
+    else:
+        assert stored.startswith(answers(second)[0])
+    second.reload()
+    wait_for_answers(second, 1, len(stored) - 1)
+    second.wait_for_selector("#ai-status[data-state=ready]")
+    assert answers(second) == [stored]
 
 
 def test_use_chat_in_chromium_shows_the_error_of_an_answer_whose_writer_was_killed(demo_server, page, spawn) -> None:
@@ -578,7 +631,7 @@ def test_the_vendored_page_is_what_its_source_and_the_pinned_packages_build(tmp_
     env = {**os.environ, "AISDK_VENDOR_DIR": str(tmp_path)}
     subprocess.run(["node", "vendor_aisdk.mjs"], cwd=node, env=env, check=True, capture_output=True, timeout=120)
     vendored = ROOT / "demo_project" / "chat" / "static" / "chat" / "vendor"
-    for name in ("aisdk-chat.js", "aisdk-chat.LICENSES.txt"):
+    for name in ("aisdk-chat.js", "aisdk-chat.LICENSES.txt", "aisdk-chat-6.js", "aisdk-chat-6.LICENSES.txt"):
         fresh, kept = (tmp_path / name).read_bytes(), (vendored / name).read_bytes()
         assert fresh == kept, f"{name} is not what node/aisdk_page.jsx builds: cd node && npm run vendor-aisdk"
 

@@ -23,7 +23,7 @@ from demo_project.chat.models import Conversation
 from pgstreams import aisdk, generations
 from pgstreams.models import Chunk, Stream
 from tests.conftest import demo, open_server, serving
-from tests.helpers import ROOT, Workers, free_port, make_project
+from tests.helpers import ROOT, Workers, free_port, in_thread, make_project
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess]
 
@@ -258,7 +258,7 @@ def test_websocket_and_sse_readers_see_the_answer_go_on_after_its_worker_is_lost
 
 
 @pytest.mark.parametrize("how", ["killed", "stopped"])
-@pytest.mark.parametrize("route", ["ui-message-stream", "durable-streams"])
+@pytest.mark.parametrize("route", ["ui-message-stream", "durable-streams", "websocket"])
 def test_the_sdk_client_resuming_a_generation_shows_one_message_across_a_lost_worker(
     workers: Workers, demo_server: str, route: str, how: str
 ) -> None:
@@ -278,6 +278,25 @@ def test_the_sdk_client_resuming_a_generation_shows_one_message_across_a_lost_wo
     result = json.loads(client.communicate(timeout=90)[0].splitlines()[-1])
     assert result["status"] == "ready" and [m["role"] for m in result["messages"]] == ["user", "assistant"]
     assert text(result["messages"][1]) == "".join(f"w{i} " for i in range(N))
+
+
+def test_use_chat_over_the_chat_socket_in_chromium_goes_on_across_a_killed_worker(
+    workers: Workers, demo_server: str, page
+) -> None:
+    """The demo's page (ai 7's useChat over its chat socket) following a generation whose worker
+    is killed mid-answer: the takeover's words follow in the same message, each once."""
+    from tests.test_aisdk import answers, open_chat
+
+    user = in_thread(lambda: get_user_model().objects.get(username="demo"))
+    s = in_thread(lambda: aisdk.start_generation(answer, N, DELAY, lease=LEASE, stream={"owner": user}))
+    in_thread(lambda: Conversation.objects.create(user=user, prompt="count", stream=s, chat_id="taken-over"))
+    open_chat(page, demo_server)
+    page.goto(f"http://{demo_server}/ai/c/taken-over/")
+    in_thread(lambda: until(lambda: len(texts(s)) >= 10))
+    in_thread(lambda: workers.running(s).kill())
+    page.wait_for_function("document.querySelector('li[data-role=assistant]')?.textContent.endsWith('w39 ')")
+    page.wait_for_selector("#ai-status[data-state=ready]")
+    assert answers(page) == ["".join(f"w{i} " for i in range(N))]
 
 
 HOWTO = ROOT / "docs" / "howto" / "generations.md"

@@ -30,21 +30,28 @@ from .models import Conversation
 from .views import LEASE, MAX_PROMPT, unstorable
 
 CHAT_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+SDK_TRANSPORTS = {("7", "websocket"), ("7", "http"), ("6", "http")}  # (the ai major, the page's transport)
 
 
 @login_required
 def new_page(request: HttpRequest) -> HttpResponse:
-    """A new chat: its id made here, as ``useChat`` would make one."""
-    return redirect("chat:ai_page", chat_id=uuid.uuid4().hex[:16])
+    """A new chat: its id made here, as ``useChat`` would make one (the page's options kept)."""
+    url = reverse("chat:ai_page", kwargs={"chat_id": uuid.uuid4().hex[:16]})
+    return redirect(f"{url}?{request.GET.urlencode()}" if request.GET else url)
 
 
 @login_required
 def page(request: HttpRequest, chat_id: str) -> HttpResponse:
     """The chat's page (``node/aisdk_page.jsx``, bundled): its earlier turns, each prompt and
     each answer's stored parts; the latest answer's parts are left to ``useChat``, which resumes
-    it."""
+    it. ``?sdk=6`` runs it on ai 6 (default 7); ``?transport=http`` over the HTTP endpoints
+    (default ``websocket``, the chat socket; ai 6 has only ``http``)."""
     if not CHAT_ID.fullmatch(chat_id):
         raise Http404("no such chat")
+    sdk = request.GET.get("sdk", "7")
+    transport = request.GET.get("transport", "websocket" if sdk == "7" else "http")
+    if (sdk, transport) not in SDK_TRANSPORTS:
+        raise Http404(f"the page runs ai 7 over websocket or http, or ai 6 over http; not ai {sdk} over {transport}")
     turns = list(Conversation.objects.filter(user=request.user, chat_id=chat_id).order_by("created_at"))
     stored: dict[uuid.UUID, list[Any]] = {turn.stream_id: [] for turn in turns[:-1]}
     for stream_id, data in (
@@ -56,7 +63,9 @@ def page(request: HttpRequest, chat_id: str) -> HttpResponse:
         history.append({"id": f"prompt-{turn.pk}", "role": "user", "parts": [{"type": "text", "text": turn.prompt}]})
         if turn.stream_id in stored:
             history.append({"role": "assistant", "parts": stored[turn.stream_id]})
-    return render(request, "chat/ai.html", {"chat_id": chat_id, "history": history})
+    script = "chat/vendor/aisdk-chat.js" if sdk == "7" else "chat/vendor/aisdk-chat-6.js"
+    context = {"chat_id": chat_id, "history": history, "sdk": sdk, "transport": transport, "script": script}
+    return render(request, "chat/ai.html", context)
 
 
 @login_required
@@ -119,19 +128,30 @@ async def _start(request: HttpRequest) -> Conversation | HttpResponse:
         chat_id, messages = body["id"], body["messages"]
     except (ValueError, KeyError, TypeError):
         return _refused('the body must be JSON with "id" and "messages", as the AI SDK sends it')
+    try:
+        prompt = checked_prompt(chat_id, messages)
+    except ValueError as exc:
+        return _refused(str(exc))
+    return await sync_to_async(new_turn)(await request.auser(), chat_id, prompt)
+
+
+def checked_prompt(chat_id: Any, messages: Any) -> str:
+    """The prompt of a request to start an answer: the text of the last message, which must be
+    the user's. ValueError saying why a request is refused."""
     if not isinstance(chat_id, str) or not CHAT_ID.fullmatch(chat_id):
-        return _refused("a chat id is 1 to 64 letters, digits, '_' or '-'")
+        raise ValueError("a chat id is 1 to 64 letters, digits, '_' or '-'")
     prompt = _prompt(messages)
     if not prompt:
-        return _refused("the last message must be the user's, with text")
+        raise ValueError("the last message must be the user's, with text")
     if len(prompt) > MAX_PROMPT:
-        return _refused(f"prompts are at most {MAX_PROMPT} characters")
+        raise ValueError(f"prompts are at most {MAX_PROMPT} characters")
     if problem := unstorable(prompt):
-        return _refused(f"the prompt {problem}")
-    return await sync_to_async(_new_turn)(await request.auser(), chat_id, prompt)
+        raise ValueError(f"the prompt {problem}")
+    return prompt
 
 
-def _new_turn(user: Any, chat_id: str, prompt: str) -> Conversation:
+def new_turn(user: Any, chat_id: str, prompt: str) -> Conversation:
+    """The prompt's turn of the chat, its answer started as a generation, in one transaction."""
     with transaction.atomic():
         # A path too: @durable-streams/aisdk-transport reads the answer there.
         stream = aisdk.start_generation(
@@ -145,7 +165,11 @@ def _new_turn(user: Any, chat_id: str, prompt: str) -> Conversation:
 
 
 async def _latest(request: HttpRequest, chat_id: str) -> Conversation | None:
-    user = await request.auser()
+    return await latest_turn(await request.auser(), chat_id)
+
+
+async def latest_turn(user: Any, chat_id: str) -> Conversation | None:
+    """The user's latest turn of the chat, if any."""
     turns = Conversation.objects.filter(user=user, chat_id=chat_id).select_related("stream")
     return await turns.order_by("-created_at").afirst()
 

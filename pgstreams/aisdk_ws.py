@@ -1,0 +1,323 @@
+"""The AI SDK's ``WebSocketChatTransport`` (npm ``ai`` 7) served from pgstreams: ``ChatConsumer``,
+a Channels consumer that a project subclasses with two methods, ``start_answer`` (a ``send``
+frame: start an answer, return its stream) and ``latest_answer`` (a ``resume`` frame: the chat's
+answer to replay, or None), and routes behind ``CsrfOriginValidator`` and Channels'
+``AuthMiddlewareStack`` as pgstreams' own routes are.
+
+One socket carries any number of requests (``requestId``), each the answer of one stream, read
+through this process's listener and its stream's fan as the other endpoints read (``delivery``):
+a ``start`` frame once the answer is found, a ``chunk`` frame a part, whose ``sequence`` is the
+part's offset in its stream, and an ``end`` frame after the part that closed it (``finish``,
+``error`` or ``abort``). A ``resume`` replays the answer from its first part (the transport sends
+no ``lastSequence``, and replaces the message it had), or from ``lastSequence + 1`` when a
+client gives one. An ``abort`` frame (useChat's ``stop()``) stops the answer for every reader
+(``aisdk.astop``) when ``stop_on_abort`` is set, as it is by default; a socket that closes stops
+nothing, and its answers go on being written. An answer silent for ``aisdk.HEARTBEAT`` seconds
+is looked at, and ended if its writer's lease ran out, as ``aisdk.response`` does.
+
+Every request is checked: the stream a method returns must be one the socket's user may read
+(``PGSTREAMS['AUTHORIZE']``) and an ``application/json`` stream (each chunk one part's JSON,
+as ``aisdk`` writes them); a frame that is not what the transport sends gets an ``error`` frame
+for its ``requestId`` saying why, and nothing is started; one with no ``requestId`` to answer
+(not JSON, binary, too large) closes the socket with 4400 and the reason. Frames to a client
+that takes none for ``SEND_TIMEOUT`` seconds give it up (closed with 1011).
+
+Not here: which answer is a chat's latest and how an answer is started (the project's models and
+tasks, in its subclass), calling models, and the plain consumer's flow control: the transport
+sends no acks, so a client is paced by its socket alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.core.exceptions import PermissionDenied
+
+from . import aisdk, delivery, leases
+from .auth import readable_stream
+from .consumers import server_send
+from .exceptions import ChunksPruned, StreamError, StreamNotFound
+from .models import Stream
+from .protocol import BAD_REQUEST
+from .types import StreamChunk, stream_uuid
+
+logger = logging.getLogger("pgstreams.aisdk_ws")
+
+SEND_TIMEOUT: Final = 10.0  # seconds a frame may wait for a client that reads nothing
+MAX_ID: Final = 256  # characters of a requestId or a chat id
+TRIGGERS: Final = ("submit-message", "regenerate-message")
+FAILED_TEXT: Final = "The request failed."  # what a client is shown of an unexpected error
+
+
+class RequestRefused(Exception):
+    """Raised by ``start_answer`` or ``latest_answer``: the request's ``error`` frame says this
+    exception's message, and nothing else happens."""
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """A ``send`` or ``resume`` frame, checked: what ``start_answer`` and ``latest_answer`` get.
+    ``messages`` (a send's) are the chat's UI messages as the client holds them, each a dict
+    with a ``role`` and a list of ``parts``; ``headers`` and ``body`` are what the transport's
+    options and ``sendMessage``'s added (headers travel in the frame: a browser's WebSocket sends
+    none of its own but the cookies)."""
+
+    kind: Literal["send", "resume"]
+    request_id: str
+    chat_id: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+    metadata: Any = None
+    trigger: str | None = None  # a send's: "submit-message" or "regenerate-message"
+    message_id: str | None = None  # a send's: the message to regenerate, if any
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    last_sequence: int | None = None  # a resume's: the last part the client has, if it says
+
+
+@dataclass
+class _Serving:
+    """One request of the socket, from its frame until its ``end`` (or abort, or the socket's close)."""
+
+    task: asyncio.Task[None] | None = None
+    stream_id: uuid.UUID | None = None  # once its method returned it
+    aborted: bool = False
+
+
+class ChatConsumer(AsyncWebsocketConsumer):
+    """The endpoint of ``WebSocketChatTransport``: subclass it with ``start_answer`` and
+    ``latest_answer``, and route the subclass (``path("ws/chat/", MyChat.as_asgi())``)."""
+
+    stop_on_abort: bool = True  # an abort frame stops the answer (False: it only stops sending it)
+    max_frame_chars: int = 4 << 20  # characters of a frame: a send frame carries the chat's messages
+    max_requests: int = 16  # requests served at once on one socket
+
+    async def start_answer(self, request: ChatRequest) -> Stream | uuid.UUID | str:
+        """Start the answer to a ``send`` frame (``aisdk.start_generation``, with the project's
+        record of the chat's turn, in one transaction) and return its stream. Raise
+        ``RequestRefused`` to refuse it with a reason the client is shown."""
+        raise NotImplementedError("a ChatConsumer subclass says how an answer starts: define start_answer()")
+
+    async def latest_answer(self, request: ChatRequest) -> Stream | uuid.UUID | str | None:
+        """The answer a ``resume`` frame of chat ``request.chat_id`` replays (the chat's latest,
+        mostly, finished or not), or None: the client is told there is none (``no-active``)."""
+        raise NotImplementedError("a ChatConsumer subclass says which answer resumes: define latest_answer()")
+
+    # -- the socket -------------------------------------------------------------------------------
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        self.main = asyncio.current_task()
+        self.serving: dict[str, _Serving] = {}
+        self.sending = asyncio.Lock()  # a frame at a time, so that a slow client holds them all
+        self.given_up = False
+        try:
+            await super().__call__(scope, receive, send)
+        except asyncio.CancelledError:
+            # Cancelled by give_up() alone: the consumer ends, as it meant to.
+            if not self.given_up or self.main.uncancel() > 0:
+                raise
+        finally:
+            self.stop_serving()  # however it ended: no request of it is served on
+
+    async def connect(self) -> None:
+        self.send_raw = server_send(self.base_send)
+        await self.accept()
+
+    async def disconnect(self, code: int) -> None:
+        """The socket closed: its requests end; their answers go on being written."""
+        self.stop_serving()
+
+    def stop_serving(self) -> None:
+        for serving in self.serving.values():
+            if serving.task is not None and serving.task is not asyncio.current_task():
+                serving.task.cancel()
+        self.serving.clear()
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if self.given_up:
+            return
+        if text_data is None:
+            return await self.close_with(BAD_REQUEST, "binary frames are not accepted: send the transport's JSON")
+        if len(text_data) > self.max_frame_chars:
+            return await self.close_with(BAD_REQUEST, f"a frame is at most {self.max_frame_chars} characters")
+        try:
+            frame = json.loads(text_data)
+        except (ValueError, RecursionError):
+            return await self.close_with(BAD_REQUEST, "a frame is one JSON object, as WebSocketChatTransport sends")
+        request_id = frame.get("requestId") if isinstance(frame, dict) else None
+        if not isinstance(request_id, str) or not 0 < len(request_id) <= MAX_ID:
+            return await self.close_with(BAD_REQUEST, f"a frame has a requestId: a string of 1 to {MAX_ID} characters")
+        kind = frame.get("type")
+        if kind == "abort":
+            return await self.abort(request_id)
+        if request_id in self.serving:
+            return await self.error(request_id, f"request {request_id!r} is being served already")
+        try:
+            request = _checked(frame, request_id)
+        except ValueError as exc:
+            return await self.error(request_id, str(exc))
+        if len(self.serving) >= self.max_requests:
+            return await self.error(request_id, f"at most {self.max_requests} requests at once")
+        serving = self.serving[request_id] = _Serving()
+        serving.task = asyncio.create_task(self.serve(request, serving), name=f"pgstreams-aisdk-ws-{request_id}")
+
+    async def abort(self, request_id: str) -> None:
+        """The client stopped a request (``stop()``): no more frames for it, and its answer
+        stopped for everyone if ``stop_on_abort``. A request that ended already is let be."""
+        serving = self.serving.pop(request_id, None)
+        if serving is None:
+            return
+        serving.aborted = True  # a method still running: its answer is stopped when it returns
+        if serving.stream_id is None:
+            return
+        if serving.task is not None:
+            serving.task.cancel()
+        await self.stop_answer(serving.stream_id)
+
+    async def stop_answer(self, stream_id: uuid.UUID) -> None:
+        if not self.stop_on_abort:
+            return
+        try:
+            await aisdk.astop(stream_id, reason="stopped by the user")
+        except StreamError:
+            logger.exception("pgstreams: could not stop the answer in stream %s", stream_id)
+
+    # -- one request ------------------------------------------------------------------------------
+
+    async def serve(self, request: ChatRequest, serving: _Serving) -> None:
+        """Find or start the request's answer, check it may be read, and send it to its end."""
+        rid = request.request_id
+        try:
+            sid, stream = await self.answer_of(request)
+            if sid is None:
+                return await self.frame({"type": "no-active", "requestId": rid})
+            serving.stream_id = sid
+            if serving.aborted:  # while its method ran
+                return await self.stop_answer(sid)
+            if stream.content_type != "application/json":
+                raise RequestRefused("the answer's stream holds no UI message parts (it is not application/json)")
+            start = 0 if request.last_sequence is None else request.last_sequence + 1
+            if start > stream.next_offset:
+                raise RequestRefused(f"lastSequence {request.last_sequence} is past the answer's end")
+            await self.frame({"type": "start", "requestId": rid})
+            await self.send_answer(rid, sid, start)
+        except RequestRefused as exc:
+            await self.error(rid, str(exc))
+        except StreamNotFound:
+            await self.error(rid, "The answer was deleted.")
+        except ChunksPruned:
+            await self.error(rid, "The answer's first parts were pruned.")
+        except PermissionDenied:
+            await self.error(rid, "not allowed to read this answer")
+        except _GivenUp:
+            return
+        except Exception:
+            logger.exception("pgstreams: a WebSocket chat request of chat %r failed", request.chat_id)
+            await self.error(rid, FAILED_TEXT)
+        finally:
+            if self.serving.get(rid) is serving:
+                del self.serving[rid]
+
+    async def answer_of(self, request: ChatRequest) -> tuple[uuid.UUID | None, Stream | None]:
+        """The request's answer from the subclass's method, if the socket's user may read it."""
+        found = await (self.start_answer(request) if request.kind == "send" else self.latest_answer(request))
+        if found is None:
+            if request.kind == "send":
+                raise TypeError("start_answer() returned None: it returns the answer's stream")
+            return None, None
+        sid = found.pk if isinstance(found, Stream) else stream_uuid(found)
+        return sid, await readable_stream(self.scope.get("user"), sid)
+
+    async def send_answer(self, rid: str, sid: uuid.UUID, start: int) -> None:
+        """A chunk frame a part from ``start``, live as they commit, then ``end``."""
+        head = '{"type":"chunk","requestId":' + json.dumps(rid)
+        async with contextlib.aclosing(delivery.afollow(sid, from_offset=start, idle=aisdk.HEARTBEAT)) as batches:
+            async for progress in batches:  # to the batch that closes the stream
+                if progress.chunks:
+                    for tail in delivery.shared("aisdk-ws", progress.chunks, _tails):
+                        await self.send_text(head + tail)
+                elif not progress.closed:
+                    await leases.aend_if_expired(sid)  # silent: is its writer alive?
+        await self.frame({"type": "end", "requestId": rid})
+
+    # -- frames -----------------------------------------------------------------------------------
+
+    async def frame(self, frame: dict[str, Any]) -> None:
+        await self.send_text(json.dumps(frame))
+
+    async def error(self, request_id: str, text: str) -> None:
+        await self.frame({"type": "error", "requestId": request_id, "errorText": text})
+
+    async def send_text(self, text: str) -> None:
+        """Send a frame after those before it. A client that takes none for SEND_TIMEOUT seconds
+        (the server's send waits while it reads nothing) is given up: the consumer ends."""
+        async with self.sending:
+            if self.given_up:
+                raise _GivenUp
+            waiting = delivery.start(self.send_raw({"type": "websocket.send", "text": text}))
+            if waiting is None:
+                return
+            try:
+                async with asyncio.timeout(SEND_TIMEOUT):
+                    await waiting
+            except TimeoutError:
+                logger.info("pgstreams: a WebSocket chat client took no frame for %.0f s; giving it up", SEND_TIMEOUT)
+                self.given_up = True
+                self.main.cancel()
+                raise _GivenUp from None
+
+    async def close_with(self, code: int, reason: str) -> None:
+        """Close the socket, saying why: a frame with no request to answer."""
+        self.given_up = True
+        self.stop_serving()
+        await self.close(code=code, reason=reason[:120])
+
+
+class _GivenUp(Exception):
+    """The socket's client was given up: its requests send nothing more."""
+
+
+def _checked(frame: dict[str, Any], request_id: str) -> ChatRequest:
+    """A send or resume frame as ``ChatRequest``; ValueError saying what is wrong with it."""
+    kind = frame.get("type")
+    if kind not in ("send", "resume"):
+        raise ValueError(f"unknown frame type {kind!r:.40}: send, resume or abort")
+    chat_id, headers, body = frame.get("id"), frame.get("headers", {}), frame.get("body", {})
+    if not isinstance(chat_id, str) or not 0 < len(chat_id) <= MAX_ID:
+        raise ValueError(f"a {kind} frame has an id: the chat's, a string of 1 to {MAX_ID} characters")
+    if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
+        raise ValueError("headers is an object of strings")
+    if not isinstance(body, dict):
+        raise ValueError("body is an object")
+    common = {"request_id": request_id, "chat_id": chat_id, "headers": headers, "body": body}
+    if kind == "resume":
+        last = frame.get("lastSequence")
+        if last is not None and (not isinstance(last, int) or isinstance(last, bool) or last < 0):
+            raise ValueError("lastSequence is a whole number of 0 or more, or left out")
+        return ChatRequest("resume", **common, metadata=frame.get("metadata"), last_sequence=last)
+    trigger, message_id, messages = frame.get("trigger"), frame.get("messageId"), frame.get("messages")
+    if trigger not in TRIGGERS:
+        raise ValueError(f"trigger is one of {', '.join(TRIGGERS)}")
+    if message_id is not None and not isinstance(message_id, str):
+        raise ValueError("messageId is a string, or left out")
+    if not isinstance(messages, list) or not all(_is_message(m) for m in messages):
+        raise ValueError("messages is a list of UI messages, each an object with a role and a list of parts")
+    return ChatRequest(
+        "send", **common, metadata=frame.get("metadata"), trigger=trigger, message_id=message_id, messages=messages
+    )
+
+
+def _is_message(value: Any) -> bool:
+    return isinstance(value, dict) and isinstance(value.get("role"), str) and isinstance(value.get("parts"), list)
+
+
+def _tails(chunks: Sequence[StreamChunk]) -> list[str]:
+    """What follows a chunk frame's requestId, a part each: the same for every request."""
+    return [f',"sequence":{chunk.offset},"chunk":{chunk.data}}}' for chunk in chunks]

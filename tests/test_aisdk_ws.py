@@ -1,0 +1,383 @@
+"""``pgstreams.aisdk_ws.ChatConsumer`` through Channels' WebsocketCommunicator, frame by frame as ai
+7's ``WebSocketChatTransport`` sends and reads them: an answer's parts as chunk frames numbered by
+their offsets, resume from the first part or after ``lastSequence``, several requests on one
+socket, an abort that stops the answer for every reader and a closed socket that stops none, and
+every kind of bad frame answered with an error that says why and nothing started. The SDK's own
+clients against the demo's chat socket are in test_aisdk.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AnonymousUser
+from django.urls import path
+
+import pgstreams
+from pgstreams import aisdk, aisdk_ws
+from pgstreams.models import Chunk, Stream
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+WORDS = [f"w{i} " for i in range(12)]
+
+
+async def words(pause: float = 0.02) -> AsyncIterator[str]:
+    for word in WORDS:
+        await asyncio.sleep(pause)
+        yield word
+
+
+class Chats(aisdk_ws.ChatConsumer):
+    """A project's subclass, as small as one can be: a send writes ``WORDS`` to a new answer, in
+    this process; a resume replays the chat's latest answer. ``chats`` maps a chat id to its
+    answers, ``pause`` is the time between two words, ``starting`` the time a send takes to start
+    its answer."""
+
+    chats: dict[str, list[uuid.UUID]] = {}
+    pause = 0.02
+    starting = 0.0
+
+    async def start_answer(self, request: aisdk_ws.ChatRequest) -> Any:
+        if request.messages[-1]["parts"][0].get("text") == "refuse me":
+            raise aisdk_ws.RequestRefused("this prompt is refused")
+        await asyncio.sleep(self.starting)
+        answer = await aisdk.acreate_answer(owner=self.scope["user"])
+        aisdk.start_answer(answer.id, words(self.pause))
+        self.chats.setdefault(request.chat_id, []).append(answer.id)
+        return answer
+
+    async def latest_answer(self, request: aisdk_ws.ChatRequest) -> Any:
+        return self.chats.get(request.chat_id, [None])[-1]
+
+
+@pytest.fixture
+def user() -> Any:
+    Chats.chats = {}
+    Chats.starting = 0.0
+    return get_user_model().objects.create_user("ws-chat-user")
+
+
+async def connect(user: Any, consumer: type[aisdk_ws.ChatConsumer] = Chats) -> WebsocketCommunicator:
+    communicator = WebsocketCommunicator(URLRouter([path("ws/chat/", consumer.as_asgi())]), "/ws/chat/")
+    communicator.scope["user"] = user
+    connected, _ = await communicator.connect()
+    assert connected
+    return communicator
+
+
+def send(request_id: str, chat: str = "c1", text: str = "hello", **frame: Any) -> dict[str, Any]:
+    """A send frame as the transport makes it."""
+    message = {"id": "m1", "role": "user", "parts": [{"type": "text", "text": text}]}
+    return {
+        "type": "send",
+        "requestId": request_id,
+        "id": chat,
+        "trigger": "submit-message",
+        "messageId": None,
+        "messages": [message],
+        "headers": {},
+        "body": {},
+        "metadata": None,
+        **frame,
+    }
+
+
+def resume(request_id: str, chat: str = "c1", **frame: Any) -> dict[str, Any]:
+    return {"type": "resume", "requestId": request_id, "id": chat, "headers": {}, "body": {}, **frame}
+
+
+async def frames_until(communicator: WebsocketCommunicator, done: Any, timeout: float = 10) -> list[dict[str, Any]]:
+    """The frames received until ``done(frame)`` holds for one (bounded by ``timeout``)."""
+    got = []
+    async with asyncio.timeout(timeout):
+        while True:
+            frame = json.loads(await communicator.receive_from(timeout))
+            got.append(frame)
+            if done(frame):
+                return got
+
+
+async def drain(communicator: WebsocketCommunicator, quiet: float = 0.3) -> list[dict[str, Any]]:
+    """The frames received until none came for ``quiet`` seconds (bounded: at most 200)."""
+    got = []
+    for _ in range(200):
+        if await communicator.receive_nothing(quiet):
+            return got
+        got.append(json.loads(await communicator.receive_from()))
+    raise AssertionError("frames kept coming")
+
+
+def ended(request_id: str):
+    return lambda frame: frame["requestId"] == request_id and frame["type"] in ("end", "error", "no-active")
+
+
+@sync_to_async
+def stored(stream_id: Any) -> list[dict[str, Any]]:
+    rows = Chunk.objects.filter(stream_id=stream_id).order_by("offset").values_list("data", flat=True)
+    return [json.loads(data) for data in rows]
+
+
+async def test_a_send_streams_the_answers_parts_as_chunk_frames_numbered_by_their_offsets_then_end(user) -> None:
+    ws = await connect(user)
+    await ws.send_json_to(send("r1"))
+    got = await frames_until(ws, ended("r1"))
+    await ws.disconnect()
+    answer = Chats.chats["c1"][0]
+    parts = await stored(answer)
+    assert got[0] == {"type": "start", "requestId": "r1"} and got[-1] == {"type": "end", "requestId": "r1"}
+    chunks = got[1:-1]
+    assert [f["sequence"] for f in chunks] == list(range(len(parts)))
+    assert [f["chunk"] for f in chunks] == parts and parts[-1] == {"type": "finish"}
+    assert "".join(p["delta"] for p in parts if p["type"] == "text-delta") == "".join(WORDS)
+
+
+async def test_a_resume_replays_the_answer_from_its_first_part_or_after_the_last_sequence_given(user) -> None:
+    ws = await connect(user)
+    await ws.send_json_to(send("r1"))
+    whole = await frames_until(ws, ended("r1"))
+    await ws.send_json_to(resume("r2"))
+    replayed = await frames_until(ws, ended("r2"))
+    await ws.send_json_to(resume("r3", lastSequence=4))
+    after = await frames_until(ws, ended("r3"))
+    await ws.send_json_to(resume("r4", chat="no-such-chat"))
+    nothing = await frames_until(ws, ended("r4"))
+    await ws.disconnect()
+    chunks = [f["chunk"] for f in whole if f["type"] == "chunk"]
+    assert [f["chunk"] for f in replayed if f["type"] == "chunk"] == chunks
+    assert [f["sequence"] for f in after if f["type"] == "chunk"] == list(range(5, len(chunks)))
+    assert nothing == [{"type": "no-active", "requestId": "r4"}]
+
+
+async def test_a_resume_mid_answer_follows_it_live_to_its_end(user) -> None:
+    Chats.pause = 0.1
+    try:
+        first = await connect(user)
+        await first.send_json_to(send("r1"))
+        await frames_until(first, lambda f: f.get("sequence") == 5)
+        second = await connect(user)
+        await second.send_json_to(resume("r1"))  # another socket: the same requestId is its own
+        followed = await frames_until(second, ended("r1"))
+        rest = await frames_until(first, ended("r1"))
+    finally:
+        Chats.pause = 0.02
+    await first.disconnect()
+    await second.disconnect()
+    assert followed[-1]["type"] == "end" and rest[-1]["type"] == "end"
+    parts = await stored(Chats.chats["c1"][0])
+    assert [f["chunk"] for f in followed if f["type"] == "chunk"] == parts
+
+
+async def test_two_chats_on_one_socket_are_served_at_once_each_whole_and_in_order(user) -> None:
+    ws = await connect(user)
+    await ws.send_json_to(send("a", chat="one"))
+    await ws.send_json_to(send("b", chat="two"))
+    got = await frames_until(ws, lambda f: f["type"] == "end" and f["requestId"] == "b")
+    if not any(f["type"] == "end" and f["requestId"] == "a" for f in got):
+        got += await frames_until(ws, ended("a"))
+    await ws.disconnect()
+    for request_id, chat in (("a", "one"), ("b", "two")):
+        mine = [f for f in got if f["requestId"] == request_id and f["type"] == "chunk"]
+        assert [f["sequence"] for f in mine] == list(range(len(mine)))
+        assert [f["chunk"] for f in mine] == await stored(Chats.chats[chat][0])
+    first_b = next(i for i, f in enumerate(got) if f["requestId"] == "b" and f["type"] == "chunk")
+    last_a = max(i for i, f in enumerate(got) if f["requestId"] == "a" and f["type"] == "chunk")
+    assert first_b < last_a  # interleaved: neither waited for the other
+
+
+async def test_an_abort_stops_the_answer_for_every_reader_and_a_closed_socket_stops_none(user) -> None:
+    Chats.pause = 0.1
+    try:
+        closing = await connect(user)
+        await closing.send_json_to(send("kept", chat="kept"))
+        await frames_until(closing, lambda f: f.get("sequence") == 4)
+        await closing.disconnect()  # a reload: the answer goes on
+        stopping = await connect(user)
+        await stopping.send_json_to(send("r1", chat="stopped"))
+        await frames_until(stopping, lambda f: f.get("sequence") == 4)
+        follower = await connect(user)
+        await follower.send_json_to(resume("r9", chat="stopped"))
+        await frames_until(follower, lambda f: f.get("sequence") == 4)
+        await stopping.send_json_to({"type": "abort", "requestId": "r1"})
+        told = await frames_until(follower, ended("r9"))
+        late = await drain(stopping)  # sent before the abort was read
+        await stopping.disconnect()
+        await follower.disconnect()
+        kept = Chats.chats["kept"][0]
+        for _ in range(100):  # bounded: the kept answer finishes on its own
+            if (await stored(kept))[-1]["type"] == "finish":
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        Chats.pause = 0.02
+    stopped = await stored(Chats.chats["stopped"][0])
+    assert stopped[-1] == {"type": "abort", "reason": "stopped by the user"} and "finish" not in str(stopped)
+    assert [f["chunk"] for f in told if f["type"] == "chunk"][-1] == stopped[-1] and told[-1]["type"] == "end"
+    assert all(f["type"] == "chunk" and f["sequence"] < len(stopped) - 1 for f in late)  # no abort part, no end
+    assert (await stored(kept))[-1] == {"type": "finish"}
+
+
+async def test_an_abort_that_comes_while_the_answer_starts_stops_it_once_it_has(user) -> None:
+    Chats.starting = 0.3
+    ws = await connect(user)
+    await ws.send_json_to(send("r1"))
+    await asyncio.sleep(0.1)  # the answer is starting
+    await ws.send_json_to({"type": "abort", "requestId": "r1"})
+    assert await ws.receive_nothing(1.0)
+    await ws.disconnect()
+    parts = await stored(Chats.chats["c1"][0])
+    assert parts and parts[-1]["type"] == "abort" and len(parts) < len(WORDS)
+
+
+class StopsNothing(Chats):
+    stop_on_abort = False
+
+
+async def test_with_stop_on_abort_off_an_abort_only_stops_the_sending(user) -> None:
+    ws = await connect(user, StopsNothing)
+    await ws.send_json_to(send("r1"))
+    await frames_until(ws, lambda f: f.get("sequence") == 4)
+    await ws.send_json_to({"type": "abort", "requestId": "r1"})
+    late = await drain(ws)
+    await ws.send_json_to(resume("r2"))
+    got = await frames_until(ws, ended("r2"))
+    await ws.disconnect()
+    assert all(f["type"] == "chunk" for f in late) and got[-2]["chunk"] == {"type": "finish"}
+
+
+USER = {"id": "m1", "role": "user"}
+BAD_SENDS = {
+    "an unknown type": ({"type": "sned"}, "unknown frame type 'sned': send, resume or abort"),
+    "no chat id": ({"id": ""}, "a send frame has an id: the chat's, a string of 1 to 256 characters"),
+    "a chat id too long": ({"id": "c" * 257}, "a send frame has an id: the chat's, a string of 1 to 256 characters"),
+    "an unknown trigger": ({"trigger": "resume-stream"}, "trigger is one of submit-message, regenerate-message"),
+    "a messageId not a string": ({"messageId": 7}, "messageId is a string, or left out"),
+    "messages not a list": ({"messages": {}}, "messages is a list of UI messages, each an object with a role and"),
+    "a message with no parts": ({"messages": [{"role": "user"}]}, "messages is a list of UI messages"),
+    "headers not strings": ({"headers": {"a": 1}}, "headers is an object of strings"),
+    "body not an object": ({"body": []}, "body is an object"),
+    "a prompt the project refuses": (
+        {"messages": [{"role": "user", "parts": [{"type": "text", "text": "refuse me"}]}]},
+        "this prompt is refused",
+    ),
+    "a negative lastSequence": ({"type": "resume", "lastSequence": -1}, "lastSequence is a whole number of 0 or more"),
+    "a lastSequence not a number": (
+        {"type": "resume", "lastSequence": "3"},
+        "lastSequence is a whole number of 0 or more",
+    ),
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD_SENDS))
+async def test_a_bad_frame_gets_an_error_frame_saying_why_and_nothing_is_started(user, bad: str) -> None:
+    change, why = BAD_SENDS[bad]
+    streams = await Stream.objects.acount()
+    ws = await connect(user)
+    await ws.send_json_to(send("r1", **change))
+    got = await frames_until(ws, ended("r1"))
+    await ws.send_json_to(send("r2"))  # the socket still serves
+    after = await frames_until(ws, ended("r2"))
+    await ws.disconnect()
+    assert len(got) == 1 and got[0]["type"] == "error" and got[0]["errorText"].startswith(why), got
+    assert after[-1]["type"] == "end" and await Stream.objects.acount() == streams + 1
+
+
+async def test_a_request_id_served_already_and_one_request_too_many_are_refused(user) -> None:
+    Chats.pause = 0.1
+    try:
+        ws = await connect(user)
+        await ws.send_json_to(send("r1"))
+        await frames_until(ws, lambda f: f.get("sequence") == 1)  # the chat has its answer
+        await ws.send_json_to(send("r1", chat="other"))
+        twice = await frames_until(ws, lambda f: f["type"] == "error")
+        for i in range(2, Chats.max_requests + 1):
+            await ws.send_json_to(resume(f"r{i}"))
+        await ws.send_json_to(resume("one-too-many"))
+        many = await frames_until(ws, lambda f: f["type"] == "error")
+    finally:
+        Chats.pause = 0.02
+    await ws.disconnect()
+    assert twice[-1] == {"type": "error", "requestId": "r1", "errorText": "request 'r1' is being served already"}
+    assert many[-1] == {"type": "error", "requestId": "one-too-many", "errorText": "at most 16 requests at once"}
+    assert list(Chats.chats) == ["c1"]
+
+
+@pytest.mark.parametrize(
+    "frame, why",
+    [
+        ("not json", "a frame is one JSON object, as WebSocketChatTransport sends"),
+        ('["send"]', "a frame has a requestId: a string of 1 to 256 characters"),
+        ('{"type": "send", "id": "c1"}', "a frame has a requestId: a string of 1 to 256 characters"),
+        (json.dumps(send("r" * 257)), "a frame has a requestId: a string of 1 to 256 characters"),
+        ("[" * 100_000 + "]" * 100_000, "a frame is one JSON object, as WebSocketChatTransport sends"),
+        (json.dumps(send("r1", text="x" * (4 << 20))), "a frame is at most 4194304 characters"),
+        (b"\x00binary", "binary frames are not accepted: send the transport's JSON"),
+    ],
+    ids=[
+        "not JSON",
+        "not an object",
+        "no requestId",
+        "a requestId too long",
+        "nested too deeply",
+        "too large",
+        "binary",
+    ],
+)
+async def test_a_frame_with_no_request_to_answer_closes_the_socket_with_4400_and_why(user, frame, why) -> None:
+    streams = await Stream.objects.acount()
+    ws = await connect(user)
+    if isinstance(frame, bytes):
+        await ws.send_to(bytes_data=frame)
+    else:
+        await ws.send_to(text_data=frame)
+    closed = await ws.receive_output(5)
+    assert closed == {"type": "websocket.close", "code": 4400, "reason": why}
+    assert await Stream.objects.acount() == streams
+
+
+class ReturnsAnyStream(Chats):
+    """A subclass that gets its lookup wrong: it returns whatever stream the chat id names."""
+
+    async def latest_answer(self, request: aisdk_ws.ChatRequest) -> Any:
+        return request.chat_id
+
+
+async def test_an_answer_the_user_may_not_read_is_refused_whatever_the_subclass_returned(user) -> None:
+    other = await sync_to_async(get_user_model().objects.create_user)("someone-else")
+    theirs = await aisdk.acreate_answer(owner=other)
+    log = await pgstreams.acreate_stream(owner=user)  # readable, but not an answer
+    ws = await connect(user, ReturnsAnyStream)
+    await ws.send_json_to(resume("r1", chat=str(theirs.id)))
+    refused = await frames_until(ws, ended("r1"))
+    await ws.send_json_to(resume("r2", chat=str(log.id)))
+    not_an_answer = await frames_until(ws, ended("r2"))
+    await ws.disconnect()
+    anonymous = await connect(AnonymousUser(), ReturnsAnyStream)
+    await anonymous.send_json_to(resume("r3", chat=str(theirs.id)))
+    anyone = await frames_until(anonymous, ended("r3"))
+    await anonymous.disconnect()
+    assert refused == [{"type": "error", "requestId": "r1", "errorText": "not allowed to read this answer"}]
+    assert anyone == [{"type": "error", "requestId": "r3", "errorText": "not allowed to read this answer"}]
+    assert not_an_answer[-1]["errorText"].startswith("the answer's stream holds no UI message parts")
+
+
+class Fails(Chats):
+    async def start_answer(self, request: aisdk_ws.ChatRequest) -> Any:
+        raise RuntimeError("the project's bug, with a secret in it")
+
+
+async def test_a_method_that_raises_gets_a_plain_error_frame_and_the_exception_is_logged(user, caplog) -> None:
+    ws = await connect(user, Fails)
+    await ws.send_json_to(send("r1"))
+    got = await frames_until(ws, ended("r1"))
+    await ws.disconnect()
+    assert got == [{"type": "error", "requestId": "r1", "errorText": aisdk_ws.FAILED_TEXT}]
+    assert "the project's bug" in caplog.text
