@@ -473,17 +473,27 @@ def howto_files() -> dict[str, str]:
 
 def test_a_project_made_from_the_howto_alone_serves_an_answer_to_the_sdk_client(tmp_path, session) -> None:
     files = howto_files()
-    assert set(files) == {"mysite/settings.py", "mysite/urls.py", "chat/llm.py", "chat/views.py"}
+    assert set(files) == {
+        "mysite/settings.py",
+        "mysite/asgi.py",
+        "mysite/urls.py",
+        "chat/llm.py",
+        "chat/sockets.py",
+        "chat/views.py",
+    }
     # The test's secret: its session was signed with it.
     env = make_project(tmp_path, files, f"SECRET_KEY = {settings.SECRET_KEY!r}")
     port = free_port()
     command = [sys.executable, "-m", "daphne", "-v", "0", "-b", "127.0.0.1", "-p", str(port), "mysite.asgi:application"]
+    over = {"http": {"api": "/api/chat"}, "websocket": {"transport": "websocket", "socket": "/ws/chat/"}}
     with serving(command, port, env=env, cwd=tmp_path) as server:
-        sent = sdk(server, session, "readme", "send", prompt="hello from the README", api="/api/chat")
-        resumed = sdk(server, session, "readme", "resume", messages=sent["messages"][:1], api="/api/chat")
-    assert sent["status"] == "ready" and roles(sent) == ["user", "assistant"]
-    assert text(sent["messages"][1]) == "You said: hello from the README "
-    assert roles(resumed) == ["user", "assistant"] and text(resumed["messages"][1]) == text(sent["messages"][1])
+        for transport, options in over.items():
+            chat = f"readme-{transport}"
+            sent = sdk(server, session, chat, "send", prompt=f"hello over {transport}", **options)
+            resumed = sdk(server, session, chat, "resume", messages=sent["messages"][:1], **options)
+            assert sent["status"] == "ready" and roles(sent) == ["user", "assistant"], transport
+            assert text(sent["messages"][1]) == f"You said: hello over {transport} "
+            assert roles(resumed) == ["user", "assistant"] and text(resumed["messages"][1]) == text(sent["messages"][1])
 
 
 # -- useChat in Chromium ---------------------------------------------------------------------------
