@@ -1,6 +1,7 @@
 """The benchmark's fan-out mode (``--fanout``): shapes of S streams x N subscribers x R chunks/s,
 delivered by one server process of the demo project (daphne, uvicorn or granian) over WebSocket,
-pgstreams' SSE, Durable Streams SSE or long-poll, to subscribers in Node processes
+pgstreams' SSE, Durable Streams SSE or long-poll, or the AI SDK's WebSocket chat transport (a
+resume frame per socket, a frame per chunk, ``chat_asgi``), to subscribers in Node processes
 (``node/fanout_load.mjs``), from a writer in another process (``stream_writer``, each chunk's data
 its wall-clock time), which starts once every subscriber has connected and the server follows
 each (its metrics say so: a WebSocket is accepted before its authorization lookup). Per shape:
@@ -48,7 +49,10 @@ from .run import boot
 from .ws import PeakMemory, _free_port, _wait_for_port
 
 ROOT = Path(__file__).resolve().parent.parent
-TRANSPORTS = ("ws", "sse", "ds-sse", "ds-lp")
+TRANSPORTS = ("ws", "sse", "ds-sse", "ds-lp", "aisdk-ws")
+# The application a transport's pgstreams run serves: the demo's, or (ai 7's WebSocket chat
+# transport, its resumes by stream id) the demo's with the benchmark's chat socket.
+APPS = {"aisdk-ws": "bench.chat_asgi:application"}
 SUBSCRIBERS_PER_NODE = 1000  # subscribers one Node process takes at most
 CONNECT_TIMEOUT = 120.0  # seconds the subscribers have to connect, all of them
 SETTLE = 0.5  # seconds between the last subscriber's connecting and the first write
@@ -299,7 +303,8 @@ def _delete_streams() -> None:
 
 
 def _pgstreams_run(node: str, server: str, transport: str, shape: Shape, seconds: float) -> dict[str, Any]:
-    with serving(server, "demo_project.asgi:application") as (base, process), _writing(shape, seconds) as writer:
+    app = APPS.get(transport, "demo_project.asgi:application")
+    with serving(server, app) as (base, process), _writing(shape, seconds) as writer:
         clients = _subscribers(node, base, transport, writer.streams, shape, SETTLE + seconds + DRAIN, idle=False)
         connect = _connected(clients)
         followed = _followed(base, transport, shape.streams * shape.subscribers)
@@ -416,7 +421,7 @@ def run_fanout(config: FanoutConfig, say: Callable[[str], None] = print) -> dict
                 say(f"fanout: {server}, {transport}, {shape}")
                 row: dict[str, Any] = {"server": server, "transport": transport, "shape": str(shape)}
                 row["pgstreams"] = _pgstreams_run(node, server, transport, shape, config.seconds)
-                if config.ceiling and transport != "ds-lp":
+                if config.ceiling and transport in ("ws", "sse", "ds-sse"):  # the raw app serves these
                     row["ceiling"] = _ceiling_run(node, server, transport, shape, config.seconds, config.ceiling_writer)
                     ceiling = row["ceiling"]["deliveries_per_s"]
                     row["of_ceiling"] = round(row["pgstreams"]["deliveries_per_s"] / ceiling, 3) if ceiling else None

@@ -1,6 +1,8 @@
 // The fan-out benchmark's subscribers (bench/fanout.py runs them): N subscribers of each of the
-// given streams, over WebSocket (acking as pgstreams.js does), pgstreams' SSE, or Durable
-// Streams SSE or long-poll, against pgstreams or against the raw ASGI ceiling alike. Every chunk's
+// given streams, over WebSocket (acking as pgstreams.js does), pgstreams' SSE, Durable Streams SSE
+// or long-poll, or ai 7's WebSocket chat transport (a socket per subscriber, resuming the chat
+// whose id is the stream's, as WebSocketChatTransport does: its frames, a chunk each), against
+// pgstreams or (but the last) against the raw ASGI ceiling alike. Every chunk's
 // data is the wall-clock time it was written (seconds, a JSON number): a delivery's latency is its
 // receipt's wall-clock time less that. Prints one JSON object: deliveries, latencies as a
 // histogram of 0.1 ms buckets, duplicates, gaps, each stream's highest offset seen by each
@@ -8,7 +10,7 @@
 // for `seconds` from then.
 // Usage: node fanout_load.mjs '<options as JSON>'
 //   base        http://host:port of the server
-//   transport   ws | sse | ds-sse | ds-lp
+//   transport   ws | sse | ds-sse | ds-lp | aisdk-ws
 //   streams     [{id, path}] the streams to follow
 //   subscribers how many subscribers of each stream
 //   seconds     how long to follow once all are connected (the writers stop earlier)
@@ -121,6 +123,34 @@ function websocket(stream, position) {
   })
 }
 
+function chatWebsocket(stream, position) {
+  return new Promise((resolve) => {
+    const ws = new WebSocket(`${origin}/ws/bench/chat/`, { perMessageDeflate: false, headers: { Origin: o.base } })
+    let opened = false
+    const leave = () => ws.close(1000)
+    leaving.add(leave)
+    position.leave = leave
+    ws.on("open", () => {
+      opened = true
+      ws.send(JSON.stringify({ type: "resume", requestId: "r1", id: stream.id, headers: {}, body: {}, metadata: null }))
+      connected()
+    })
+    ws.on("message", (raw) => {
+      const message = JSON.parse(raw)
+      if (message.type === "chunk") {
+        if (!o.idle) position.take(message.sequence, message.chunk)
+      } else if (message.type === "end") ws.close(1000)
+      else if (message.type !== "start" && errors.length < 20) errors.push(String(raw).slice(0, 200))
+    })
+    ws.on("error", (error) => errors.length < 20 && errors.push(String(error)))
+    ws.on("close", () => {
+      leaving.delete(leave)
+      if (!opened) connected() // it never will
+      resolve()
+    })
+  })
+}
+
 async function sse(url, position, onEvent) {
   const controller = new AbortController()
   const leave = () => controller.abort()
@@ -197,7 +227,13 @@ async function durableLongPoll(stream, position) {
   leaving.delete(leave)
 }
 
-const follow = { ws: websocket, sse: pgstreamsSse, "ds-sse": durableSse, "ds-lp": durableLongPoll }[o.transport]
+const follow = {
+  ws: websocket,
+  sse: pgstreamsSse,
+  "ds-sse": durableSse,
+  "ds-lp": durableLongPoll,
+  "aisdk-ws": chatWebsocket,
+}[o.transport]
 const positions = []
 const followers = []
 total = o.streams.length * o.subscribers

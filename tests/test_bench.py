@@ -93,21 +93,22 @@ def test_a_tiny_replica_sweep(tmp_path) -> None:
 
 @pytest.mark.slow
 def test_a_tiny_fanout_run_over_every_transport(tmp_path) -> None:
-    """Each transport delivers every chunk once, in order, to every subscriber, measured only
-    once all of them have connected (the connect storm is reported apart); the raw ceiling runs
-    beside pgstreams; and a delivery's CPU is given by part, writer, Postgres and server."""
+    """Each transport (the AI SDK's WebSocket chat transport too) delivers every chunk once, in
+    order, to every subscriber, measured only once all of them have connected (the connect storm
+    is reported apart); the raw ceiling runs beside pgstreams; and a delivery's CPU is given by
+    part, writer, Postgres and server."""
     out = tmp_path / "fanout.json"
     command = [sys.executable, "manage.py", "pgstreams_bench", "--fanout-shapes", "2x3x5", "--servers", "daphne"]
-    command += ["--transports", "ws,sse,ds-sse,ds-lp", "--duration", "1", "--json", str(out)]
+    command += ["--transports", "ws,sse,ds-sse,ds-lp,aisdk-ws", "--duration", "1", "--json", str(out)]
     # A long-poll subscriber has connected once its first poll is answered: on a stream with no
     # chunks yet, when the poll times out (the demo's 2 s by default).
     env = {**os.environ, "DATABASE_URL": subprocess_database_url(), "DEMO_LONG_POLL_TIMEOUT": "0.5"}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     runs = json.loads(out.read_text())["runs"]
-    assert [r["transport"] for r in runs] == ["ws", "sse", "ds-sse", "ds-lp"]
+    assert [r["transport"] for r in runs] == ["ws", "sse", "ds-sse", "ds-lp", "aisdk-ws"]
     for row in runs:
-        for part in ("pgstreams", "ceiling") if row["transport"] != "ds-lp" else ("pgstreams",):
+        for part in ("pgstreams", "ceiling") if row["transport"] in ("ws", "sse", "ds-sse") else ("pgstreams",):
             figures = row[part]
             assert (figures["coverage"], figures["duplicates"], figures["gaps"]) == (1.0, 0, 0), (row, part)
             assert figures["connect_s"] > 0 and figures["errors"] == []
