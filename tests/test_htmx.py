@@ -1,6 +1,6 @@
-"""``{% stream_html %}``: a text stream so far, escaped, in an element htmx's SSE extension follows
-from the next offset; authorized by the request as the SSE view is. The page in a browser is in
-test_demo.py."""
+"""``{% stream_html %}``: a text stream so far, escaped, in an element htmx's SSE support follows
+from the next offset (htmx 4's hx-sse, or htmx 2's htmx-ext-sse); authorized by the request as
+the SSE view is. The page in a browser is in test_demo.py."""
 
 from __future__ import annotations
 
@@ -133,3 +133,20 @@ def test_last_chooses_how_many_chunks_are_rendered() -> None:
     for bad in ("0", "-1", "'x'", "2.5"):
         with pytest.raises(ValueError, match="last must be a positive whole number of chunks"):
             render(s.id, template=Template(f"{{% load pgstreams %}}{{% stream_html stream last={bad} %}}"))
+
+
+def test_htmx_4_follows_with_the_hx_sse_extensions_attributes() -> None:
+    s = pgstreams.create_stream()
+    pgstreams.write(s.id, "so far")
+    html = render(s.id, template=Template("{% load pgstreams %}{% stream_html stream htmx=4 %}"))
+    assert html.strip() == (
+        f'<div class="pgstreams-stream" data-pgstreams-stream="{s.id}" '
+        f'hx-sse:connect="/pgstreams/streams/{s.id}/events?format=html&amp;from=1" hx-sse:close="end" '
+        'hx-swap="beforeend swapEmpty:true">so far</div>'
+    )
+    pgstreams.close(s.id)
+    closed = render(s.id, template=Template("{% load pgstreams %}{% stream_html stream htmx=4 %}"))
+    assert ">so far</div>" in closed and "hx-" not in closed
+    for bad in ("3", "'4'", "True"):
+        with pytest.raises(ValueError, match="htmx is the major version of htmx the page loads, 2 or 4"):
+            render(s.id, template=Template(f"{{% load pgstreams %}}{{% stream_html stream htmx={bad} %}}"))

@@ -1,7 +1,9 @@
 """Template tags, ``{% load pgstreams %}``: ``{% stream_html stream %}`` renders a text stream's
 last chunks so far (``LAST_CHUNKS`` and ``LAST_BYTES`` at most, or ``last=`` and ``last_bytes=``),
-escaped, in an element that htmx's SSE extension keeps appending to from the SSE view
+escaped, in an element that htmx's SSE support keeps appending to from the SSE view
 (``?format=html``), starting at the next offset, so a reload shows them and what follows once.
+The element's attributes are htmx 2's SSE extension's (``htmx-ext-sse``), or with ``htmx=4``
+those of htmx 4's ``hx-sse`` extension.
 
 The reader is authorized as at the SSE view, by the request in the template's context. One
 query measures the stream's last chunks (their offsets and sizes, not their text) to find where
@@ -34,16 +36,19 @@ register = template.Library()
 # UTF-8) fits in the bytes, the last one at least. Earlier text is left out.
 LAST_CHUNKS: Final = 10_000
 LAST_BYTES: Final = 1 << 20
+# The htmx majors whose SSE support the element's attributes can be written for.
+HTMX_MAJORS: Final = (2, 4)
 
 
 @register.inclusion_tag("pgstreams/stream_html.html", takes_context=True)
 def stream_html(
-    context: template.Context, stream: Any, last: int = LAST_CHUNKS, last_bytes: int = LAST_BYTES
+    context: template.Context, stream: Any, last: int = LAST_CHUNKS, last_bytes: int = LAST_BYTES, htmx: int = 2
 ) -> dict[str, Any]:
     """The stream's (a Stream or its id) last chunks so far, at most ``last`` of them and
     ``last_bytes`` of their text (the last chunk at least), and, while it is open, what htmx
-    needs to follow it. The template also gets ``first_offset``, the offset of the first chunk
-    shown.
+    needs to follow it: the attributes of htmx 2's SSE extension, or with ``htmx=4`` of htmx 4's
+    ``hx-sse``. The template also gets ``first_offset``, the offset of the first chunk shown, and
+    ``htmx``, the major.
 
     Answers as the SSE view would: ``Http404`` for no such stream, ``PermissionDenied`` (403) for
     a reader ``AUTHORIZE`` refuses. The text is escaped here, whatever the template's autoescape,
@@ -53,6 +58,10 @@ def stream_html(
     for name, value, what in (("last", last, "chunks"), ("last_bytes", last_bytes, "bytes")):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"{{% stream_html %}}'s {name} must be a positive whole number of {what}, not {value!r}")
+    if isinstance(htmx, bool) or not isinstance(htmx, int) or htmx not in HTMX_MAJORS:
+        raise ValueError(
+            f"{{% stream_html %}}'s htmx is the major version of htmx the page loads, 2 or 4, not {htmx!r}"
+        )
     request = context.get("request")
     if request is None:
         raise ImproperlyConfigured(
@@ -74,6 +83,7 @@ def stream_html(
         "first_offset": start,
         "text": mark_safe(html_text("".join(_text(sid, end, start)))),  # escaped by html_text
         "events": None if found.is_closed else f"{events}?format=html&from={end}",
+        "htmx": htmx,
     }
 
 
