@@ -1,8 +1,8 @@
 """Helpers shared by the test modules (fixtures are in conftest.py): where the repository is, a
 free loopback port, the test database for other processes, a reader in a thread, chunks deleted
 as pruning would, extra database aliases, what a LISTEN connection hears, the appender held in a
-batch, the pinned Node.js packages, a database call from a thread of its own, and a raw WebSocket
-client."""
+batch, the pinned Node.js packages, a database call from a thread of its own, a raw WebSocket
+client, and a browser signed in to the demo."""
 
 from __future__ import annotations
 
@@ -50,6 +50,24 @@ def node_dir() -> Path:
     if not all((NODE / "node_modules" / package).is_dir() for package in NODE_PACKAGES):
         subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE, check=True, timeout=600)
     return NODE
+
+
+def sign_in(page, host: str) -> None:
+    """Sign the browser's ``page`` in to the demo at ``host`` as its user."""
+    page.goto(f"http://{host}/")
+    assert "sign in as" in page.inner_text("main")  # the login page says how
+    page.fill("#id_username", "demo")
+    page.fill("#id_password", "demo")
+    page.click("form.login button")
+    page.wait_for_selector("form.ask")
+
+
+def sign_in_and_ask(page, host: str, prompt: str) -> None:
+    """Sign in to the demo, ask ``prompt``, and wait on the conversation's page until its answer is live."""
+    sign_in(page, host)
+    page.fill("#prompt", prompt)
+    page.click("form.ask button")
+    page.wait_for_selector("#status[data-state=live]")
 
 
 def in_thread(function, *args):

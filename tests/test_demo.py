@@ -1,7 +1,7 @@
 """The demo served by daphne in its own process: WebSocket clients over real sockets, and a real
 browser (Debian's Chromium driven by Playwright) reading an answer across a reload, stopping one,
-following it from a second tab, from the admin, with the official Durable Streams client and with
-htmx, and taking the README's screenshots."""
+following it from a second tab, from the admin and with the official Durable Streams client, and
+taking the README's screenshots. The htmx pages are in test_htmx.py."""
 
 from __future__ import annotations
 
@@ -23,7 +23,14 @@ import websockets
 import pgstreams
 from demo_project.chat import llm
 from pgstreams.models import Stream
-from tests.helpers import ROOT, in_thread, running_worker, subprocess_database_url, worker_processes
+from tests.helpers import (
+    ROOT,
+    in_thread,
+    running_worker,
+    sign_in_and_ask,
+    subprocess_database_url,
+    worker_processes,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess]
 
@@ -106,17 +113,6 @@ async def test_a_websocket_from_another_port_or_scheme_of_the_host_cannot_read_a
         assert refused.value.response.status_code == 403, origin
     async with websockets.connect(url, origin=f"http://{demo_server}", additional_headers={"Cookie": cookie}) as ws:
         assert json.loads(await asyncio.wait_for(ws.recv(), 10))["items"][0]["data"] == "private"
-
-
-def sign_in_and_ask(page, host: str, prompt: str) -> None:
-    page.goto(f"http://{host}/")
-    assert "sign in as" in page.inner_text("main")  # the login page says how
-    page.fill("#id_username", "demo")
-    page.fill("#id_password", "demo")
-    page.click("form.login button")
-    page.fill("#prompt", prompt)
-    page.click("form.ask button")
-    page.wait_for_selector("#status[data-state=live]")
 
 
 def answer_of(page) -> str:
@@ -403,73 +399,6 @@ def test_the_official_durable_streams_client_reads_the_same_answer(demo_server: 
     assert answer_of(page) == "".join(llm.answer(prompt))
 
 
-def open_htmx_page(page, host: str, prompt: str) -> str:
-    """Ask in the chat, then open the answer's htmx page mid-answer; return the whole answer."""
-    page.add_init_script("document.addEventListener('htmx:sseClose', () => { window.sseClosed = true })")
-    sign_in_and_ask(page, host, prompt)
-    page.click("#htmx-page")
-    page.wait_for_url("**/htmx/")
-    return "".join(llm.answer(prompt))
-
-
-def htmx_text(page) -> str:
-    return page.eval_on_selector("[data-pgstreams-stream]", "el => el.textContent")
-
-
-def wait_for_htmx_growth(page) -> None:
-    """Until htmx has swapped in chunks since the page was rendered."""
-    start = len(htmx_text(page))
-    page.wait_for_function(f"document.querySelector('[data-pgstreams-stream]').textContent.length > {start + 20}")
-
-
-def wait_for_htmx_end(page) -> None:
-    """Until the extension closed its source on the end event, or the page rendered a closed stream."""
-    page.wait_for_function(
-        "window.sseClosed || !document.querySelector('[data-pgstreams-stream]').hasAttribute('sse-connect')"
-    )
-
-
-def test_the_htmx_page_shows_the_answer_so_far_then_follows_it_across_a_reload(demo_server: str, page) -> None:
-    expected = open_htmx_page(page, demo_server, "Stream me into a template with htmx.")
-    wait_for_htmx_growth(page)
-    page.reload()  # mid-answer: Django renders what is committed, htmx follows from the next offset
-    wait_for_htmx_end(page)
-    assert htmx_text(page) == expected  # nothing lost or repeated
-
-
-def test_the_htmx_page_resumes_where_it_was_when_the_extension_opens_a_new_event_source(demo_server, page) -> None:
-    """The browser gave up reconnecting (CLOSED: an error status, say): htmx's SSE extension opens
-    a new EventSource from sse-connect, which pgstreams/htmx.js keeps at the next offset; without
-    it the chunks swapped in since the page loaded come again."""
-    expected = open_htmx_page(page, demo_server, "Resume me after the browser gives up.")
-    wait_for_htmx_growth(page)
-    page.evaluate(
-        """() => {
-            const source = document.querySelector('[data-pgstreams-stream]')['htmx-internal-data'].sseEventSource;
-            source.close();
-            source.onerror(new Event('error'));  // as the browser reports a failed reconnection
-        }"""
-    )
-    wait_for_htmx_end(page)
-    assert htmx_text(page) == expected
-
-
-def test_the_htmx_page_closes_its_event_source_on_an_error_the_server_sent(demo_server, page) -> None:
-    """pgstreams/htmx.js: an ``error`` event (the stream deleted, its chunks pruned) ends the
-    reading; a failed connection (a plain Event) is left to the browser and the extension."""
-    open_htmx_page(page, demo_server, "Stop on the server's error.")
-    state = """(error) => {
-        const source = document.querySelector('[data-pgstreams-stream]')['htmx-internal-data'].sseEventSource;
-        source.dispatchEvent(error ? new MessageEvent('error', {data: '{"message": "gone"}'}) : new Event('error'));
-        return source.readyState;
-    }"""
-    page.wait_for_function(
-        "document.querySelector('[data-pgstreams-stream]')['htmx-internal-data'].sseEventSource.readyState === 1"
-    )
-    assert page.evaluate(state, False) == 1  # OPEN: a connection's failure, the browser's to retry
-    assert page.evaluate(state, True) == 2  # CLOSED
-
-
 def test_the_demo_application_starts_with_its_start_up_objects_frozen_out_of_the_collector() -> None:
     """What the guide advises (gc.freeze once the application has loaded), the demo does: the
     benchmark's servers run it."""
@@ -531,22 +460,6 @@ def test_the_vendored_client_is_the_pinned_package() -> None:
     vendored = ROOT / "demo_project" / "chat" / "static" / "chat" / "vendor"
     assert (vendored / "durable-streams-client.js").read_bytes() == (package / "dist" / "index.js").read_bytes()
     assert (vendored / "durable-streams-client.LICENSE").read_bytes() == (package / "LICENSE").read_bytes()
-
-
-def test_the_vendored_htmx_is_the_pinned_packages() -> None:
-    """The demo's copies of htmx and its SSE extension are what `npm run vendor-htmx` makes of
-    the versions node/package.json pins."""
-    modules = ROOT / "node" / "node_modules"
-    if not (modules / "htmx.org").is_dir():
-        pytest.skip("node/node_modules is not installed (cd node && npm ci)")
-    vendored = ROOT / "demo_project" / "chat" / "static" / "chat" / "vendor"
-    pinned = json.loads((ROOT / "node" / "package.json").read_text())["devDependencies"]
-    for package, script, copy in [("htmx.org", "htmx.min.js", "htmx"), ("htmx-ext-sse", "sse.min.js", "htmx-ext-sse")]:
-        installed = json.loads((modules / package / "package.json").read_text())["version"]
-        assert installed == pinned[package], f"node_modules holds {package} {installed}: cd node && npm ci"
-        name = "htmx.min.js" if copy == "htmx" else f"{copy}.js"
-        assert (vendored / name).read_bytes() == (modules / package / "dist" / script).read_bytes()
-        assert (vendored / f"{copy}.LICENSE").read_bytes() == (modules / package / "LICENSE").read_bytes()
 
 
 def test_screenshots_of_the_demo(demo_server: str, page, tmp_path) -> None:

@@ -11,6 +11,7 @@ urlpatterns = [
     path("c/<int:pk>/state/", views.state, name="state"),
     path("c/<int:pk>/official-client/", views.official_client, name="official_client"),
     path("c/<int:pk>/htmx/", views.htmx, name="htmx"),
+    path("c/<int:pk>/htmx2/", views.htmx, {"major": 2}, name="htmx2"),
     path("ai/", assistant.new_page, name="ai_new"),
     path("ai/c/<str:chat_id>/", assistant.page, name="ai_page"),
     path("ai/chat", assistant.chat, name="ai_chat"),

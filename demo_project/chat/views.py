@@ -82,8 +82,9 @@ def official_client(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @login_required
-def htmx(request: HttpRequest, pk: int) -> HttpResponse:
-    return render(request, "chat/htmx.html", {"turn": _turn(request, pk)})
+def htmx(request: HttpRequest, pk: int, major: int = 4) -> HttpResponse:
+    """The answer followed by htmx 4 (its hx-sse extension), or with ``major=2`` by htmx 2 (htmx-ext-sse)."""
+    return render(request, "chat/htmx.html", {"turn": _turn(request, pk), "major": major})
 
 
 @login_required
