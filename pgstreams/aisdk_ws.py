@@ -198,11 +198,11 @@ class ChatConsumer(AsyncWebsocketConsumer):
             sid, stream = await self.answer_of(request)
             if sid is None:
                 return await self.frame({"type": "no-active", "requestId": rid})
-            serving.stream_id = sid
-            if serving.aborted:  # while its method ran
-                return await self.stop_answer(sid)
             if stream.content_type != "application/json":
                 raise RequestRefused("the answer's stream holds no UI message parts (it is not application/json)")
+            serving.stream_id = sid  # an answer the user may read: an abort may stop it from now on
+            if serving.aborted:  # while its method ran
+                return await self.stop_answer(sid)
             start = 0 if request.last_sequence is None else request.last_sequence + 1
             if start > stream.next_offset:
                 raise RequestRefused(f"lastSequence {request.last_sequence} is past the answer's end")
@@ -250,7 +250,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
     # -- frames -----------------------------------------------------------------------------------
 
     async def frame(self, frame: dict[str, Any]) -> None:
-        await self.send_text(json.dumps(frame))
+        await self.send_text(json.dumps(frame, separators=(",", ":")))
 
     async def error(self, request_id: str, text: str) -> None:
         await self.frame({"type": "error", "requestId": request_id, "errorText": text})

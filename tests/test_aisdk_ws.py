@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import pytest
 from asgiref.sync import sync_to_async
 from channels.routing import URLRouter
@@ -22,8 +24,11 @@ from django.contrib.auth.models import AnonymousUser
 from django.urls import path
 
 import pgstreams
+from demo_project.servers import server_command
 from pgstreams import aisdk, aisdk_ws
 from pgstreams.models import Chunk, Stream
+from tests.conftest import serving
+from tests.helpers import RawWebSocket, free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -369,6 +374,27 @@ async def test_an_answer_the_user_may_not_read_is_refused_whatever_the_subclass_
     assert not_an_answer[-1]["errorText"].startswith("the answer's stream holds no UI message parts")
 
 
+class SlowToFind(ReturnsAnyStream):
+    async def latest_answer(self, request: aisdk_ws.ChatRequest) -> Any:
+        await asyncio.sleep(0.3)
+        return request.chat_id
+
+
+async def test_an_abort_never_stops_a_stream_that_is_not_an_answer(user) -> None:
+    """A resume aborted while its method ran stopped whatever stream the method returned once it
+    had: a log the user may read was closed with an abort part."""
+    log = await pgstreams.acreate_stream(owner=user)
+    await pgstreams.awrite(log.id, "a line")
+    ws = await connect(user, SlowToFind)
+    await ws.send_json_to(resume("r1", chat=str(log.id)))
+    await asyncio.sleep(0.1)
+    await ws.send_json_to({"type": "abort", "requestId": "r1"})
+    await asyncio.sleep(0.5)
+    await ws.disconnect()
+    await log.arefresh_from_db()
+    assert log.closed_at is None and await Chunk.objects.filter(stream=log).acount() == 1
+
+
 class Fails(Chats):
     async def start_answer(self, request: aisdk_ws.ChatRequest) -> Any:
         raise RuntimeError("the project's bug, with a secret in it")
@@ -381,3 +407,52 @@ async def test_a_method_that_raises_gets_a_plain_error_frame_and_the_exception_i
     await ws.disconnect()
     assert got == [{"type": "error", "requestId": "r1", "errorText": aisdk_ws.FAILED_TEXT}]
     assert "the project's bug" in caplog.text
+
+
+# -- a client that reads nothing, against a real server ------------------------------------------
+
+# The benchmark's application (its chat socket resumes a chat whose id is a stream's) under
+# uvicorn, with SEND_TIMEOUT from the environment and one more route: GET /test/chats/ answers how
+# many of the chat socket's requests the server process is serving.
+CHATS_SERVER = """
+import asyncio, json, os, sys
+from bench.chat_asgi import application as bench
+from pgstreams import aisdk_ws
+aisdk_ws.SEND_TIMEOUT = float(os.environ["TEST_SEND_TIMEOUT"])
+
+async def application(scope, receive, send):
+    if scope["type"] == "http" and scope["path"] == "/test/chats/":
+        tasks = [t for t in asyncio.all_tasks() if t.get_name().startswith("pgstreams-aisdk-ws-") and not t.done()]
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": json.dumps({"requests": len(tasks)}).encode()})
+        return
+    await bench(scope, receive, send)
+
+from uvicorn.main import main
+main(sys.argv[1:])
+"""
+
+
+@pytest.mark.multiprocess
+async def test_a_client_that_reads_nothing_is_given_up_after_the_send_timeout() -> None:
+    """uvicorn's sends wait while its client reads nothing: the request waiting on one is given
+    up once SEND_TIMEOUT passes, and the server holds nothing of it."""
+    answer = await pgstreams.acreate_stream(content_type="application/json")
+    for start in range(0, 400, 50):
+        await pgstreams.awrite_many(answer.id, [json.dumps(f"{i:05}" + "x" * 60_000) for i in range(start, start + 50)])
+    port = free_port()
+    command = [sys.executable, "-c", CHATS_SERVER, *server_command("uvicorn", "__main__:application", port)[3:]]
+    with serving(command, port, env={"TEST_SEND_TIMEOUT": "1"}) as host:
+        client = await asyncio.to_thread(RawWebSocket, host, "/ws/bench/chat/")  # reads nothing
+        try:
+            client.send_text(json.dumps(resume("r1", chat=str(answer.id)), separators=(",", ":")))
+            counts = []
+            async with httpx.AsyncClient(timeout=10) as http:
+                for _ in range(100):  # bounded: 10 s
+                    counts.append((await http.get(f"http://{host}/test/chats/")).json()["requests"])
+                    if counts[-1] == 0 and 1 in counts:
+                        break
+                    await asyncio.sleep(0.1)
+        finally:
+            client.close()
+    assert 1 in counts and counts[-1] == 0, counts  # served, then given up
