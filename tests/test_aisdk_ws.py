@@ -456,3 +456,15 @@ async def test_a_client_that_reads_nothing_is_given_up_after_the_send_timeout() 
         finally:
             client.close()
     assert 1 in counts and counts[-1] == 0, counts  # served, then given up
+
+
+@pytest.mark.parametrize("origin, accepted", [(b"http://evil.example", False), (b"http://127.0.0.1", True)])
+async def test_the_demos_chat_socket_refuses_a_foreign_origin(origin: bytes, accepted: bool) -> None:
+    from demo_project.asgi import application
+
+    headers = [(b"origin", origin), (b"host", b"127.0.0.1")]
+    communicator = WebsocketCommunicator(application, "/ws/ai/chat/", headers=headers)
+    connected, _ = await communicator.connect()
+    assert connected is accepted
+    if connected:
+        await communicator.disconnect()
