@@ -4,23 +4,25 @@ frame: start an answer, return its stream) and ``latest_answer`` (a ``resume`` f
 answer to replay, or None), and routes behind ``CsrfOriginValidator`` and Channels'
 ``AuthMiddlewareStack`` as pgstreams' own routes are.
 
-One socket carries any number of requests (``requestId``), each the answer of one stream, read
-through this process's listener and its stream's fan as the other endpoints read (``delivery``):
-a ``start`` frame once the answer is found, a ``chunk`` frame a part, whose ``sequence`` is the
-part's offset in its stream, and an ``end`` frame after the part that closed it (``finish``,
-``error`` or ``abort``). A ``resume`` replays the answer from its first part (the transport sends
-no ``lastSequence``, and replaces the message it had), or from ``lastSequence + 1`` when a
-client gives one. An ``abort`` frame (useChat's ``stop()``) stops the answer for every reader
-(``aisdk.astop``) when ``stop_on_abort`` is set, as it is by default; a socket that closes stops
-nothing, and its answers go on being written. An answer silent for ``aisdk.HEARTBEAT`` seconds
-is looked at, and ended if its writer's lease ran out, as ``aisdk.response`` does.
+One socket carries up to ``max_requests`` requests at once (``requestId``), each the answer of
+one stream, read through this process's listener and its stream's fan as the other endpoints
+read (``delivery``): a ``start`` frame once the answer is found, a ``chunk`` frame a part, whose
+``sequence`` is the part's offset in its stream, and an ``end`` frame after the part that closed
+it (``finish``, ``error`` or ``abort``). A ``resume`` replays the answer from its first part
+(the transport sends no ``lastSequence``, and replaces the message it had), or from
+``lastSequence + 1`` when a client gives one. An ``abort`` frame (useChat's ``stop()``) stops
+sending the request and, when ``stop_on_abort`` is set, as it is by default, ends its answer for
+every reader (``aisdk.astop``); a socket that closes stops nothing, and its answers go on being
+written. An answer silent for ``aisdk.HEARTBEAT`` seconds is looked at, and ended if its writer's
+lease ran out, as ``aisdk.response`` does.
 
 Every request is checked: the stream a method returns must be one the socket's user may read
 (``PGSTREAMS['AUTHORIZE']``) and an ``application/json`` stream (each chunk one part's JSON,
 as ``aisdk`` writes them); a frame that is not what the transport sends gets an ``error`` frame
 for its ``requestId`` saying why, and nothing is started; one with no ``requestId`` to answer
-(not JSON, binary, too large) closes the socket with 4400 and the reason. Frames to a client
-that takes none for ``SEND_TIMEOUT`` seconds give it up (closed with 1011).
+(not JSON, binary, too large) closes the socket with 4400 and the reason. A client that takes no
+frame for ``SEND_TIMEOUT`` seconds (the server's send waits while it reads nothing) is given up:
+the consumer ends, and the server drops the socket.
 
 Not here: which answer is a chat's latest and how an answer is started (the project's models and
 tasks, in its subclass), calling models, and the plain consumer's flow control: the transport
@@ -87,7 +89,7 @@ class _Serving:
     """One request of the socket, from its frame until its ``end`` (or abort, or the socket's close)."""
 
     task: asyncio.Task[None] | None = None
-    stream_id: uuid.UUID | None = None  # once its method returned it
+    stream_id: uuid.UUID | None = None  # once it is known to be an answer the user may read
     aborted: bool = False
 
 
