@@ -62,8 +62,9 @@ WRITER_READY_TIMEOUT = 60.0  # seconds the writer's process has to boot
 IDLE_SETTLE = 5.0  # seconds between the server's following every idle subscriber and its idle CPU's measure
 METRICS_TOKEN = uuid.uuid4().hex  # the demo's servers show their metrics to its bearer
 # The gauge of the subscribers a demo server follows, by transport: a WebSocket is accepted before
-# its authorization lookup, so a client that has connected may not be followed yet.
-FOLLOWED = {"ws": "pgstreams_websocket_clients", "sse": "pgstreams_sse_clients"}
+# its authorization lookup, and a chat socket before its resume frame is read and looked up, so a
+# client that has connected may not be followed yet.
+FOLLOWED = {"ws": "pgstreams_websocket_clients", "sse": "pgstreams_sse_clients", "aisdk-ws": "pgstreams_chat_requests"}
 
 
 @dataclass

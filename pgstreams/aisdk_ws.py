@@ -36,6 +36,7 @@ import contextlib
 import json
 import logging
 import uuid
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
@@ -43,17 +44,20 @@ from typing import Any, Final, Literal
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.core.exceptions import PermissionDenied
 
-from . import aisdk, delivery, leases
+from . import aisdk, delivery, leases, metrics
 from .auth import readable_stream
 from .consumers import server_send
 from .exceptions import ChunksPruned, StreamError, StreamNotFound
 from .models import Stream
 from .protocol import BAD_REQUEST
+from .reader import Progress
+from .reader import afollow as read_by_itself
 from .types import StreamChunk, stream_uuid
 
 logger = logging.getLogger("pgstreams.aisdk_ws")
 
 SEND_TIMEOUT: Final = 10.0  # seconds a frame may wait for a client that reads nothing
+OUTBOX_CHARS: Final = 1 << 20  # of frames waiting for a slow client's socket, past which a request waits too
 MAX_ID: Final = 256  # characters of a requestId or a chat id
 TRIGGERS: Final = ("submit-message", "regenerate-message")
 FAILED_TEXT: Final = "The request failed."  # what a client is shown of an unexpected error
@@ -84,13 +88,24 @@ class ChatRequest:
     last_sequence: int | None = None  # a resume's: the last part the client has, if it says
 
 
-@dataclass
-class _Serving:
-    """One request of the socket, from its frame until its ``end`` (or abort, or the socket's close)."""
+class _Request:
+    """One request of a socket, from its frame until its ``end`` (or abort, or the socket's
+    close); at its answer's tail, a follower of the answer's fan (``delivery.Follower``)."""
 
-    task: asyncio.Task[None] | None = None
-    stream_id: uuid.UUID | None = None  # once it is known to be an answer the user may read
-    aborted: bool = False
+    def __init__(self, consumer: ChatConsumer, request_id: str) -> None:
+        self.consumer = consumer
+        self.id = request_id
+        self.head = '{"type":"chunk","requestId":' + json.dumps(request_id)  # its chunk frames' start
+        self.task: asyncio.Task[None] | None = None
+        self.stream_id: uuid.UUID | None = None  # once it is known to be an answer the user may read
+        self.aborted = False
+        self.position = 0  # the offset of the next part to send
+        self.heard = False  # a part came since the last look at the answer's lease
+
+    def take(self, progress: Progress) -> bool:
+        """``delivery.Follower``: send a round's parts, without waiting; False once the socket is
+        backed up (the fan hands the request back: it reads by itself when the socket drains)."""
+        return self.consumer.send_parts(self, progress.chunks)
 
 
 class ChatConsumer(AsyncWebsocketConsumer):
@@ -116,13 +131,17 @@ class ChatConsumer(AsyncWebsocketConsumer):
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         self.main = asyncio.current_task()
-        self.serving: dict[str, _Serving] = {}
-        self.sending = asyncio.Lock()  # a frame at a time, so that a slow client holds them all
-        self.given_up = False
+        self.serving: dict[str, _Request] = {}
+        self.sending: asyncio.Task[None] | None = None  # a frame's send that had to wait
+        self.outbox: deque[str] = deque()  # frames to send after it, in order
+        self.outbox_chars = 0
+        self.flowing = asyncio.Event()  # set while no frame waits to be sent
+        self.flowing.set()
+        self.given_up = False  # or its socket broke: nothing more is sent
         try:
             await super().__call__(scope, receive, send)
         except asyncio.CancelledError:
-            # Cancelled by give_up() alone: the consumer ends, as it meant to.
+            # Cancelled by drained() alone, giving its client up: the consumer ends, as it meant to.
             if not self.given_up or self.main.uncancel() > 0:
                 raise
         finally:
@@ -160,14 +179,14 @@ class ChatConsumer(AsyncWebsocketConsumer):
         if kind == "abort":
             return await self.abort(request_id)
         if request_id in self.serving:
-            return await self.error(request_id, f"request {request_id!r} is being served already")
+            return self.error(request_id, f"request {request_id!r} is being served already")
         try:
             request = _checked(frame, request_id)
         except ValueError as exc:
-            return await self.error(request_id, str(exc))
+            return self.error(request_id, str(exc))
         if len(self.serving) >= self.max_requests:
-            return await self.error(request_id, f"at most {self.max_requests} requests at once")
-        serving = self.serving[request_id] = _Serving()
+            return self.error(request_id, f"at most {self.max_requests} requests at once")
+        serving = self.serving[request_id] = _Request(self, request_id)
         serving.task = asyncio.create_task(self.serve(request, serving), name=f"pgstreams-aisdk-ws-{request_id}")
 
     async def abort(self, request_id: str) -> None:
@@ -193,13 +212,13 @@ class ChatConsumer(AsyncWebsocketConsumer):
 
     # -- one request ------------------------------------------------------------------------------
 
-    async def serve(self, request: ChatRequest, serving: _Serving) -> None:
+    async def serve(self, request: ChatRequest, serving: _Request) -> None:
         """Find or start the request's answer, check it may be read, and send it to its end."""
         rid = request.request_id
         try:
             sid, stream = await self.answer_of(request)
             if sid is None:
-                return await self.frame({"type": "no-active", "requestId": rid})
+                return self.frame({"type": "no-active", "requestId": rid})
             if stream.content_type != "application/json":
                 raise RequestRefused("the answer's stream holds no UI message parts (it is not application/json)")
             serving.stream_id = sid  # an answer the user may read: an abort may stop it from now on
@@ -208,21 +227,26 @@ class ChatConsumer(AsyncWebsocketConsumer):
             start = 0 if request.last_sequence is None else request.last_sequence + 1
             if start > stream.next_offset:
                 raise RequestRefused(f"lastSequence {request.last_sequence} is past the answer's end")
-            await self.frame({"type": "start", "requestId": rid})
-            await self.send_answer(rid, sid, start)
+            serving.position = start
+            self.frame({"type": "start", "requestId": rid})
+            metrics.chat_requests.inc()
+            try:
+                await self.send_answer(serving, sid)
+            finally:
+                metrics.chat_requests.dec()
         except RequestRefused as exc:
-            await self.error(rid, str(exc))
+            self.error(rid, str(exc))
         except StreamNotFound:
-            await self.error(rid, "The answer was deleted.")
+            self.error(rid, "The answer was deleted.")
         except ChunksPruned:
-            await self.error(rid, "The answer's first parts were pruned.")
+            self.error(rid, "The answer's first parts were pruned.")
         except PermissionDenied:
-            await self.error(rid, "not allowed to read this answer")
+            self.error(rid, "not allowed to read this answer")
         except _GivenUp:
             return
         except Exception:
             logger.exception("pgstreams: a WebSocket chat request of chat %r failed", request.chat_id)
-            await self.error(rid, FAILED_TEXT)
+            self.error(rid, FAILED_TEXT)
         finally:
             if self.serving.get(rid) is serving:
                 del self.serving[rid]
@@ -237,43 +261,123 @@ class ChatConsumer(AsyncWebsocketConsumer):
         sid = found.pk if isinstance(found, Stream) else stream_uuid(found)
         return sid, await readable_stream(self.scope.get("user"), sid)
 
-    async def send_answer(self, rid: str, sid: uuid.UUID, start: int) -> None:
-        """A chunk frame a part from ``start``, live as they commit, then ``end``."""
-        head = '{"type":"chunk","requestId":' + json.dumps(rid)
-        async with contextlib.aclosing(delivery.afollow(sid, from_offset=start, idle=aisdk.HEARTBEAT)) as batches:
-            async for progress in batches:  # to the batch that closes the stream
+    async def send_answer(self, serving: _Request, sid: uuid.UUID) -> None:
+        """A chunk frame a part from ``serving.position``, live as they commit, then ``end``:
+        read by itself until it is at the answer's tail, then handed its parts by the answer's
+        fan with every other reader at the tail in this process, until the fan hands it back (it
+        is on its own again when the socket is backed up) or the answer ends."""
+        while True:
+            if await self.send_by_itself(serving, sid) is delivery.END:
+                break
+            if await self.follow_fan(serving, sid) is delivery.END:
+                break
+        self.frame({"type": "end", "requestId": serving.id})
+
+    async def send_by_itself(self, serving: _Request, sid: uuid.UUID) -> object:
+        """Read and send from ``serving.position``, at the socket's pace, until the tail (None)
+        or the answer's end (``delivery.END``)."""
+        batches = read_by_itself(sid, from_offset=serving.position, idle=aisdk.HEARTBEAT)
+        async with contextlib.aclosing(batches):
+            async for progress in batches:
                 if progress.chunks:
-                    for tail in delivery.shared("aisdk-ws", progress.chunks, _tails):
-                        await self.send_text(head + tail)
+                    self.send_parts(serving, progress.chunks)
+                    await self.drained()
                 elif not progress.closed:
                     await leases.aend_if_expired(sid)  # silent: is its writer alive?
-        await self.frame({"type": "end", "requestId": rid})
+                if progress.closed:
+                    return delivery.END
+                if progress.caught_up:
+                    return None
+        return delivery.END
 
-    # -- frames -----------------------------------------------------------------------------------
+    async def follow_fan(self, serving: _Request, sid: uuid.UUID) -> object:
+        """Be handed the answer's parts by its fan until it hands the request back: None (it
+        reads by itself again) or ``delivery.END``; looking at the answer's lease after each
+        whole HEARTBEAT of silence."""
+        handback = delivery.join(sid, serving)
+        if handback is None:
+            return None  # the fan is elsewhere in the answer
+        try:
+            while True:
+                serving.heard = False
+                done, _ = await asyncio.wait([handback], timeout=aisdk.HEARTBEAT)
+                if done:
+                    break
+                if not serving.heard:
+                    await leases.aend_if_expired(sid)
+        finally:
+            delivery.leave(sid, serving)
+        why = handback.result()
+        if isinstance(why, BaseException):
+            raise delivery.reraised(why)
+        return why
 
-    async def frame(self, frame: dict[str, Any]) -> None:
-        await self.send_text(json.dumps(frame, separators=(",", ":")))
+    # -- frames: sent in order, without waiting but for a backed-up socket -------------------------
 
-    async def error(self, request_id: str, text: str) -> None:
-        await self.frame({"type": "error", "requestId": request_id, "errorText": text})
+    def send_parts(self, serving: _Request, chunks: list[StreamChunk]) -> bool:
+        """Send each part in its chunk frame; False if the socket is backed up (or gone)."""
+        for tail in delivery.shared("aisdk-ws", chunks, _tails):
+            self.send_soon(serving.head + tail)
+        serving.position = chunks[-1].offset + 1
+        serving.heard = True
+        return not self.given_up and self.outbox_chars < OUTBOX_CHARS
 
-    async def send_text(self, text: str) -> None:
-        """Send a frame after those before it. A client that takes none for SEND_TIMEOUT seconds
-        (the server's send waits while it reads nothing) is given up: the consumer ends."""
-        async with self.sending:
-            if self.given_up:
-                raise _GivenUp
-            waiting = delivery.start(self.send_raw({"type": "websocket.send", "text": text}))
-            if waiting is None:
-                return
-            try:
-                async with asyncio.timeout(SEND_TIMEOUT):
-                    await waiting
-            except TimeoutError:
-                logger.info("pgstreams: a WebSocket chat client took no frame for %.0f s; giving it up", SEND_TIMEOUT)
-                self.given_up = True
-                self.main.cancel()
-                raise _GivenUp from None
+    def frame(self, frame: dict[str, Any]) -> None:
+        self.send_soon(json.dumps(frame, separators=(",", ":")))
+
+    def error(self, request_id: str, text: str) -> None:
+        self.frame({"type": "error", "requestId": request_id, "errorText": text})
+
+    def send_soon(self, text: str) -> None:
+        """Send a frame now if none waits to be sent before it, else after them; never wait (a
+        fan delivers to many sockets). After a send fails, nothing more is sent."""
+        if self.given_up:
+            return
+        if self.sending is not None:
+            self.outbox.append(text)
+            self.outbox_chars += len(text)
+            return
+        try:
+            self.sending = delivery.start(self.send_raw({"type": "websocket.send", "text": text}))
+        except Exception as exc:
+            return self.send_failed(exc)
+        if self.sending is not None:
+            self.flowing.clear()
+            self.sending.add_done_callback(self._sent)
+
+    def _sent(self, task: asyncio.Task[None]) -> None:
+        self.sending = None
+        if task.cancelled() or task.exception() is not None:
+            return self.send_failed(None if task.cancelled() else task.exception())
+        while self.outbox and self.sending is None and not self.given_up:
+            text = self.outbox.popleft()
+            self.outbox_chars -= len(text)
+            self.send_soon(text)
+        if self.sending is None:
+            self.flowing.set()
+
+    def send_failed(self, error: BaseException | None) -> None:
+        """A frame did not go out (the socket is going, mostly): send nothing more."""
+        logger.debug("pgstreams: a WebSocket chat send failed: %r", error)
+        self.given_up = True
+        self.outbox.clear()
+        self.flowing.set()
+        self.stop_serving()
+
+    async def drained(self) -> None:
+        """Wait until no frame waits to be sent. A client that takes none for SEND_TIMEOUT
+        seconds (the server's send waits while it reads nothing) is given up: the consumer ends."""
+        try:
+            async with asyncio.timeout(SEND_TIMEOUT):
+                await self.flowing.wait()
+        except TimeoutError:
+            logger.info("pgstreams: a WebSocket chat client took no frame for %.0f s; giving it up", SEND_TIMEOUT)
+            self.given_up = True
+            self.outbox.clear()
+            self.main.cancel()
+            raise _GivenUp from None
+        if self.given_up:
+            raise _GivenUp
 
     async def close_with(self, code: int, reason: str) -> None:
         """Close the socket, saying why: a frame with no request to answer."""

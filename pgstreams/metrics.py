@@ -46,6 +46,9 @@ append_seconds = Histogram(
 readers = Gauge("pgstreams_active_readers", "Readers (read/aread) following a stream in this process.")
 websocket_clients = Gauge("pgstreams_websocket_clients", "Open WebSocket clients reading a stream.")
 sse_clients = Gauge("pgstreams_sse_clients", "Open Server-Sent Events responses.")
+chat_requests = Gauge(
+    "pgstreams_chat_requests", "Requests of the AI SDK's WebSocket chat transport being answered (aisdk_ws)."
+)
 notify_queue_usage = Gauge(
     "pgstreams_notify_queue_usage",
     "The fraction of Postgres' notification queue in use, as this process last read it.",

@@ -22,6 +22,7 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AnonymousUser
 from django.urls import path
+from prometheus_client import REGISTRY
 
 import pgstreams
 from demo_project.servers import server_command
@@ -181,14 +182,22 @@ async def test_a_resume_mid_answer_follows_it_live_to_its_end(user) -> None:
     assert [f["chunk"] for f in followed if f["type"] == "chunk"] == parts
 
 
+def chat_requests() -> float:
+    return REGISTRY.get_sample_value("pgstreams_chat_requests")
+
+
 async def test_two_chats_on_one_socket_are_served_at_once_each_whole_and_in_order(user) -> None:
+    before = chat_requests()
     ws = await connect(user)
     await ws.send_json_to(send("a", chat="one"))
     await ws.send_json_to(send("b", chat="two"))
-    got = await frames_until(ws, lambda f: f["type"] == "end" and f["requestId"] == "b")
+    got = await frames_until(ws, lambda f: f.get("sequence") == 1)  # both started (a's first)
+    answering = chat_requests()
+    got += await frames_until(ws, lambda f: f["type"] == "end" and f["requestId"] == "b")
     if not any(f["type"] == "end" and f["requestId"] == "a" for f in got):
         got += await frames_until(ws, ended("a"))
     await ws.disconnect()
+    assert answering - before >= 1 and chat_requests() == before
     for request_id, chat in (("a", "one"), ("b", "two")):
         mine = [f for f in got if f["requestId"] == request_id and f["type"] == "chunk"]
         assert [f["sequence"] for f in mine] == list(range(len(mine)))
