@@ -246,7 +246,13 @@ ROUTES = {
 }
 
 
-@pytest.fixture(params=list(ROUTES))
+def on_each_sdk(names: list[str]) -> list[Any]:
+    """Fixture params of ``names``, those of the older major (ai 6, named ``-ai6``) among the long
+    runs (``-m slow``): the default pass runs the newest; CI runs both."""
+    return [pytest.param(name, marks=pytest.mark.slow) if name.endswith("-ai6") else name for name in names]
+
+
+@pytest.fixture(params=on_each_sdk(list(ROUTES)))
 def chat_client(request, session) -> dict[str, Any]:
     """The session, the transport the SDK's client uses and the demo's endpoints for it (the
     test's id names the route)."""
@@ -505,7 +511,7 @@ OTHER = "And what does the poll cost?"
 PAGES = {"websocket": "", "http": "?transport=http", "http-ai6": "?sdk=6"}
 
 
-@pytest.fixture(params=list(PAGES))
+@pytest.fixture(params=on_each_sdk(list(PAGES)))
 def page_query(request) -> str:
     return PAGES[request.param]
 
