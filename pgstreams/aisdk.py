@@ -63,6 +63,7 @@ HEARTBEAT: Final = 5.0  # seconds of silence after which a response sends a comm
 ERROR_TEXT: Final = "The answer failed."  # what a client is shown: the exception stays in the server's log
 ABANDONED_TEXT: Final = "The answer's writer stopped before it finished."
 NOT_STARTED_TEXT: Final = "No writer started the answer in time."
+ANSWER_KEY: Final = "pgstreams_answer"  # in an answer's metadata: true
 
 Ending = Literal["finish", "error", "stopped"]
 
@@ -99,7 +100,7 @@ def create_answer(*, queue_timeout: float | None = None, using: str | None = Non
     seconds = QUEUE_TIMEOUT if queue_timeout is None else queue_timeout
     if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
         raise ValueError(f"queue_timeout is a number of seconds above 0, not {queue_timeout!r}")
-    stream = create_stream(using=using, **{"content_type": "application/json", **fields})
+    stream = create_stream(using=using, **_answer_fields(fields))
     leases.renew(stream.id, seconds, part("error", errorText=NOT_STARTED_TEXT), using=using)
     return stream
 
@@ -192,8 +193,7 @@ def start_generation(task: Any, *args: Any, stream: dict[str, Any] | None = None
     ``create_stream()``'s other arguments) whose ``task`` writes it with ``generate()``, ended
     with an ``error`` part (ABANDONED_TEXT) if every attempt fails. ``options``: ``start()``'s
     attempts, lease, queue_timeout and using, and the task's keyword arguments."""
-    fields = {"content_type": "application/json", **(stream or {})}
-    return generations.start(task, *args, last=_abandoned(), stream=fields, **options)
+    return generations.start(task, *args, last=_abandoned(), stream=_answer_fields(stream or {}), **options)
 
 
 def generate(stream_id: Any, source: Callable[[str], Iterable[str]], *, using: str | None = None) -> Ending:
@@ -246,6 +246,19 @@ def _written(parts: list[dict[str, Any]]) -> tuple[list[str], str, str | None]:
         elif item["type"] == "text-end":
             text_id = None
     return [item["type"] for item in parts], text, text_id
+
+
+def is_answer(stream: Stream) -> bool:
+    """Whether ``stream`` was made as an answer (``create_answer``, ``start_generation``)."""
+    return stream.content_type == "application/json" and (stream.metadata or {}).get(ANSWER_KEY) is True
+
+
+def _answer_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """``create_stream()``'s arguments for an answer: JSON parts, marked in the metadata."""
+    metadata = fields.get("metadata") or {}
+    if not isinstance(metadata, dict):
+        raise ValueError(f"metadata is a dict, not {type(metadata).__name__}")
+    return {"content_type": "application/json", **fields, "metadata": {**metadata, ANSWER_KEY: True}}
 
 
 def stop(stream_id: Any, *, reason: str | None = None, using: str | None = None) -> bool:

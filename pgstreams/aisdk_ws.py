@@ -57,8 +57,11 @@ from .types import StreamChunk, stream_uuid
 logger = logging.getLogger("pgstreams.aisdk_ws")
 
 SEND_TIMEOUT: Final = 10.0  # seconds a frame may wait for a client that reads nothing
-OUTBOX_CHARS: Final = 1 << 20  # of frames waiting for a slow client's socket, past which a request waits too
-MAX_ID: Final = 256  # characters of a requestId or a chat id
+# Of frames waiting for a slow client's socket, past which the fan hands a request back to read by
+# itself, at the socket's pace (it sends a batch, up to a page, then waits for the socket).
+OUTBOX_CHARS: Final = 1 << 20
+MAX_ID: Final = 128  # characters of a requestId or a chat id
+SPENT: Final = 4429  # the close code of a socket that has carried max_socket_chars
 TRIGGERS: Final = ("submit-message", "regenerate-message")
 FAILED_TEXT: Final = "The request failed."  # what a client is shown of an unexpected error
 
@@ -115,6 +118,10 @@ class ChatConsumer(AsyncWebsocketConsumer):
     stop_on_abort: bool = True  # an abort frame stops the answer (False: it only stops sending it)
     max_frame_chars: int = 4 << 20  # characters of a frame: a send frame carries the chat's messages
     max_requests: int = 16  # requests served at once on one socket
+    # Characters of frames one socket carries in its life: past them it takes no new request and is
+    # closed (SPENT); the transport opens another at its next. Under daphne a send never waits, so
+    # this is what bounds the memory a client that reads nothing can make the server hold.
+    max_socket_chars: int = 32 << 20
 
     async def start_answer(self, request: ChatRequest) -> Stream | uuid.UUID | str:
         """Start the answer to a ``send`` frame (``aisdk.start_generation``, with the project's
@@ -137,6 +144,8 @@ class ChatConsumer(AsyncWebsocketConsumer):
         self.outbox_chars = 0
         self.flowing = asyncio.Event()  # set while no frame waits to be sent
         self.flowing.set()
+        self.took = asyncio.get_running_loop().time()  # when the client last took a frame
+        self.sent_chars = 0
         self.given_up = False  # or its socket broke: nothing more is sent
         try:
             await super().__call__(scope, receive, send)
@@ -156,7 +165,11 @@ class ChatConsumer(AsyncWebsocketConsumer):
         self.stop_serving()
 
     def stop_serving(self) -> None:
+        """End every request but those aborted while their method runs: they stop their answer
+        once it has returned."""
         for serving in self.serving.values():
+            if serving.aborted and serving.stream_id is None:
+                continue
             if serving.task is not None and serving.task is not asyncio.current_task():
                 serving.task.cancel()
         self.serving.clear()
@@ -173,8 +186,8 @@ class ChatConsumer(AsyncWebsocketConsumer):
         except (ValueError, RecursionError):
             return await self.close_with(BAD_REQUEST, "a frame is one JSON object, as WebSocketChatTransport sends")
         request_id = frame.get("requestId") if isinstance(frame, dict) else None
-        if not isinstance(request_id, str) or not 0 < len(request_id) <= MAX_ID:
-            return await self.close_with(BAD_REQUEST, f"a frame has a requestId: a string of 1 to {MAX_ID} characters")
+        if not _is_id(request_id):
+            return await self.close_with(BAD_REQUEST, f"a frame has a requestId: {ID_RULE}")
         kind = frame.get("type")
         if kind == "abort":
             return await self.abort(request_id)
@@ -186,18 +199,21 @@ class ChatConsumer(AsyncWebsocketConsumer):
             return self.error(request_id, str(exc))
         if len(self.serving) >= self.max_requests:
             return self.error(request_id, f"at most {self.max_requests} requests at once")
+        if self.sent_chars >= self.max_socket_chars:
+            return await self.close_with(SPENT, "this socket has carried its share; open another")
         serving = self.serving[request_id] = _Request(self, request_id)
         serving.task = asyncio.create_task(self.serve(request, serving), name=f"pgstreams-aisdk-ws-{request_id}")
 
     async def abort(self, request_id: str) -> None:
         """The client stopped a request (``stop()``): no more frames for it, and its answer
         stopped for everyone if ``stop_on_abort``. A request that ended already is let be."""
-        serving = self.serving.pop(request_id, None)
-        if serving is None:
+        serving = self.serving.get(request_id)
+        if serving is None or serving.aborted:
             return
         serving.aborted = True  # a method still running: its answer is stopped when it returns
         if serving.stream_id is None:
-            return
+            return  # it stays counted (and its id taken) until then
+        del self.serving[request_id]
         if serving.task is not None:
             serving.task.cancel()
         await self.stop_answer(serving.stream_id)
@@ -213,17 +229,19 @@ class ChatConsumer(AsyncWebsocketConsumer):
     # -- one request ------------------------------------------------------------------------------
 
     async def serve(self, request: ChatRequest, serving: _Request) -> None:
-        """Find or start the request's answer, check it may be read, and send it to its end."""
+        """Find or start the request's answer, check it may be read, and send it to its end. A
+        request aborted while its method ran sends nothing, and stops what the method returned."""
         rid = request.request_id
         try:
             sid, stream = await self.answer_of(request)
+            if sid is not None and aisdk.is_answer(stream):
+                serving.stream_id = sid  # an answer the user may read: an abort may stop it from now on
+            if serving.aborted:
+                return await self.stop_answer(serving.stream_id) if serving.stream_id is not None else None
             if sid is None:
                 return self.frame({"type": "no-active", "requestId": rid})
             if stream.content_type != "application/json":
                 raise RequestRefused("the answer's stream holds no UI message parts (it is not application/json)")
-            serving.stream_id = sid  # an answer the user may read: an abort may stop it from now on
-            if serving.aborted:  # while its method ran
-                return await self.stop_answer(sid)
             start = 0 if request.last_sequence is None else request.last_sequence + 1
             if start > stream.next_offset:
                 raise RequestRefused(f"lastSequence {request.last_sequence} is past the answer's end")
@@ -235,25 +253,39 @@ class ChatConsumer(AsyncWebsocketConsumer):
             finally:
                 metrics.chat_requests.dec()
         except RequestRefused as exc:
-            self.error(rid, str(exc))
+            self.refused(serving, str(exc))
         except StreamNotFound:
-            self.error(rid, "The answer was deleted.")
+            self.refused(serving, "The answer was deleted.")
         except ChunksPruned:
-            self.error(rid, "The answer's first parts were pruned.")
+            self.refused(serving, "The answer's first parts were pruned.")
         except PermissionDenied:
-            self.error(rid, "not allowed to read this answer")
+            self.refused(serving, "not allowed to read this answer")
         except _GivenUp:
             return
         except Exception:
             logger.exception("pgstreams: a WebSocket chat request of chat %r failed", request.chat_id)
-            self.error(rid, FAILED_TEXT)
+            self.refused(serving, FAILED_TEXT)
         finally:
             if self.serving.get(rid) is serving:
                 del self.serving[rid]
 
+    def refused(self, serving: _Request, text: str) -> None:
+        if not serving.aborted:
+            self.error(serving.id, text)
+
     async def answer_of(self, request: ChatRequest) -> tuple[uuid.UUID | None, Stream | None]:
-        """The request's answer from the subclass's method, if the socket's user may read it."""
-        found = await (self.start_answer(request) if request.kind == "send" else self.latest_answer(request))
+        """The request's answer from the subclass's method, if the socket's user may read it. The
+        method runs to its end if the socket closes meanwhile (a closed socket ends nothing: an
+        answer being started is started)."""
+        method = self.start_answer(request) if request.kind == "send" else self.latest_answer(request)
+        running = asyncio.ensure_future(method)
+        _methods.add(running)
+        running.add_done_callback(_methods.discard)
+        try:
+            found = await asyncio.shield(running)
+        except asyncio.CancelledError:
+            running.add_done_callback(_unheard)  # no request takes its outcome now
+            raise
         if found is None:
             if request.kind == "send":
                 raise TypeError("start_answer() returned None: it returns the answer's stream")
@@ -333,26 +365,33 @@ class ChatConsumer(AsyncWebsocketConsumer):
         fan delivers to many sockets). After a send fails, nothing more is sent."""
         if self.given_up:
             return
+        self.sent_chars += len(text)
         if self.sending is not None:
             self.outbox.append(text)
             self.outbox_chars += len(text)
             return
+        self.start_sending(text)
+
+    def start_sending(self, text: str) -> None:
         try:
             self.sending = delivery.start(self.send_raw({"type": "websocket.send", "text": text}))
         except Exception as exc:
             return self.send_failed(exc)
-        if self.sending is not None:
-            self.flowing.clear()
-            self.sending.add_done_callback(self._sent)
+        if self.sending is None:
+            self.took = asyncio.get_running_loop().time()
+            return
+        self.flowing.clear()
+        self.sending.add_done_callback(self._sent)
 
     def _sent(self, task: asyncio.Task[None]) -> None:
         self.sending = None
         if task.cancelled() or task.exception() is not None:
             return self.send_failed(None if task.cancelled() else task.exception())
+        self.took = asyncio.get_running_loop().time()
         while self.outbox and self.sending is None and not self.given_up:
             text = self.outbox.popleft()
             self.outbox_chars -= len(text)
-            self.send_soon(text)
+            self.start_sending(text)
         if self.sending is None:
             self.flowing.set()
 
@@ -365,19 +404,29 @@ class ChatConsumer(AsyncWebsocketConsumer):
         self.stop_serving()
 
     async def drained(self) -> None:
-        """Wait until no frame waits to be sent. A client that takes none for SEND_TIMEOUT
+        """Wait until no frame waits to be sent. A client that takes no frame for SEND_TIMEOUT
         seconds (the server's send waits while it reads nothing) is given up: the consumer ends."""
-        try:
-            async with asyncio.timeout(SEND_TIMEOUT):
-                await self.flowing.wait()
-        except TimeoutError:
-            logger.info("pgstreams: a WebSocket chat client took no frame for %.0f s; giving it up", SEND_TIMEOUT)
-            self.given_up = True
-            self.outbox.clear()
-            self.main.cancel()
-            raise _GivenUp from None
+        loop = asyncio.get_running_loop()
+        while not self.flowing.is_set():
+            left = self.took + SEND_TIMEOUT - loop.time()
+            if left <= 0:
+                self.give_up()
+                break
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await self.flowing.wait()
         if self.given_up:
             raise _GivenUp
+
+    def give_up(self) -> None:
+        """End the consumer without its client, once, holding nothing of it."""
+        if self.given_up:
+            return
+        logger.info("pgstreams: a WebSocket chat client took no frame for %.0f s; giving it up", SEND_TIMEOUT)
+        self.given_up = True
+        self.outbox.clear()
+        self.flowing.set()
+        self.main.cancel()
 
     async def close_with(self, code: int, reason: str) -> None:
         """Close the socket, saying why: a frame with no request to answer."""
@@ -386,8 +435,31 @@ class ChatConsumer(AsyncWebsocketConsumer):
         await self.close(code=code, reason=reason[:120])
 
 
+_methods: set[asyncio.Future[Any]] = set()  # subclasses' methods running, which the loop holds only weakly
+
+
 class _GivenUp(Exception):
     """The socket's client was given up: its requests send nothing more."""
+
+
+ID_RULE: Final = f"a string of 1 to {MAX_ID} characters, none of them NUL or a lone surrogate"
+
+
+def _is_id(value: Any) -> bool:
+    """Whether ``value`` is a requestId or chat id Postgres can hold (to look a chat up by it)."""
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_ID or "\x00" in value:
+        return False
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _unheard(method: asyncio.Future[Any]) -> None:
+    """Log what a subclass's method raised after its request ended (its socket closed)."""
+    if not method.cancelled() and (error := method.exception()) is not None:
+        logger.error("pgstreams: a WebSocket chat method failed after its socket closed", exc_info=error)
 
 
 def _checked(frame: dict[str, Any], request_id: str) -> ChatRequest:
@@ -396,8 +468,8 @@ def _checked(frame: dict[str, Any], request_id: str) -> ChatRequest:
     if kind not in ("send", "resume"):
         raise ValueError(f"unknown frame type {kind!r:.40}: send, resume or abort")
     chat_id, headers, body = frame.get("id"), frame.get("headers", {}), frame.get("body", {})
-    if not isinstance(chat_id, str) or not 0 < len(chat_id) <= MAX_ID:
-        raise ValueError(f"a {kind} frame has an id: the chat's, a string of 1 to {MAX_ID} characters")
+    if not _is_id(chat_id):
+        raise ValueError(f"a {kind} frame has an id: the chat's, {ID_RULE}")
     if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
         raise ValueError("headers is an object of strings")
     if not isinstance(body, dict):

@@ -8,6 +8,7 @@ clients against the demo's chat socket are in test_aisdk.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import uuid
@@ -270,8 +271,13 @@ async def test_with_stop_on_abort_off_an_abort_only_stops_the_sending(user) -> N
 USER = {"id": "m1", "role": "user"}
 BAD_SENDS = {
     "an unknown type": ({"type": "sned"}, "unknown frame type 'sned': send, resume or abort"),
-    "no chat id": ({"id": ""}, "a send frame has an id: the chat's, a string of 1 to 256 characters"),
-    "a chat id too long": ({"id": "c" * 257}, "a send frame has an id: the chat's, a string of 1 to 256 characters"),
+    "no chat id": ({"id": ""}, "a send frame has an id: the chat's, a string of 1 to 128 characters"),
+    "a chat id too long": ({"id": "c" * 129}, "a send frame has an id: the chat's, a string of 1 to 128 characters"),
+    "a chat id with NUL": (
+        {"id": "c\x00"},
+        "a send frame has an id: the chat's, a string of 1 to 128 characters, none",
+    ),
+    "a chat id with a lone surrogate": ({"id": "c\ud800"}, "a send frame has an id: the chat's, a string"),
     "an unknown trigger": ({"trigger": "resume-stream"}, "trigger is one of submit-message, regenerate-message"),
     "a messageId not a string": ({"messageId": 7}, "messageId is a string, or left out"),
     "messages not a list": ({"messages": {}}, "messages is a list of UI messages, each an object with a role and"),
@@ -324,13 +330,17 @@ async def test_a_request_id_served_already_and_one_request_too_many_are_refused(
     assert list(Chats.chats) == ["c1"]
 
 
+REQUEST_ID_RULE = "a frame has a requestId: a string of 1 to 128 characters, none of them NUL or a lone surrogate"
+
+
 @pytest.mark.parametrize(
     "frame, why",
     [
         ("not json", "a frame is one JSON object, as WebSocketChatTransport sends"),
-        ('["send"]', "a frame has a requestId: a string of 1 to 256 characters"),
-        ('{"type": "send", "id": "c1"}', "a frame has a requestId: a string of 1 to 256 characters"),
-        (json.dumps(send("r" * 257)), "a frame has a requestId: a string of 1 to 256 characters"),
+        ('["send"]', REQUEST_ID_RULE),
+        ('{"type": "send", "id": "c1"}', REQUEST_ID_RULE),
+        (json.dumps(send("r" * 129)), REQUEST_ID_RULE),
+        (json.dumps(send("r\x00")), REQUEST_ID_RULE),
         ("[" * 100_000 + "]" * 100_000, "a frame is one JSON object, as WebSocketChatTransport sends"),
         (json.dumps(send("r1", text="x" * (4 << 20))), "a frame is at most 4194304 characters"),
         (b"\x00binary", "binary frames are not accepted: send the transport's JSON"),
@@ -340,6 +350,7 @@ async def test_a_request_id_served_already_and_one_request_too_many_are_refused(
         "not an object",
         "no requestId",
         "a requestId too long",
+        "a requestId with NUL",
         "nested too deeply",
         "too large",
         "binary",
@@ -389,11 +400,13 @@ class SlowToFind(ReturnsAnyStream):
         return request.chat_id
 
 
-async def test_an_abort_never_stops_a_stream_that_is_not_an_answer(user) -> None:
+@pytest.mark.parametrize("content_type", ["text/plain", "application/json"])
+async def test_an_abort_never_stops_a_stream_that_is_not_an_answer(user, content_type: str) -> None:
     """A resume aborted while its method ran stopped whatever stream the method returned once it
-    had: a log the user may read was closed with an abort part."""
-    log = await pgstreams.acreate_stream(owner=user)
-    await pgstreams.awrite(log.id, "a line")
+    had: a log the user may read was closed with an abort part (a JSON one too, until answers
+    were marked as such when made)."""
+    log = await pgstreams.acreate_stream(owner=user, content_type=content_type)
+    await pgstreams.awrite(log.id, '"a line"')
     ws = await connect(user, SlowToFind)
     await ws.send_json_to(resume("r1", chat=str(log.id)))
     await asyncio.sleep(0.1)
@@ -402,6 +415,82 @@ async def test_an_abort_never_stops_a_stream_that_is_not_an_answer(user) -> None
     await ws.disconnect()
     await log.arefresh_from_db()
     assert log.closed_at is None and await Chunk.objects.filter(stream=log).acount() == 1
+
+
+async def test_an_abort_while_the_method_runs_keeps_the_request_counted_its_id_taken_and_its_frames_unsent(
+    user,
+) -> None:
+    """An aborted request left the count while its method still ran (send and abort pairs
+    started any number of answers at once), its id could be sent again, and the old request's
+    late frames came under the new one's id."""
+    Chats.starting = 0.5
+    ws = await connect(user)
+    for i in range(Chats.max_requests):
+        await ws.send_json_to(send(f"r{i}", chat=f"c{i}"))
+        await ws.send_json_to({"type": "abort", "requestId": f"r{i}"})
+    await ws.send_json_to(send("r0", chat="again"))
+    await ws.send_json_to(send("one-too-many", chat="many"))
+    refused = await frames_until(ws, lambda f: f["requestId"] == "one-too-many")
+    late = await drain(ws, quiet=1.0)  # the methods return: their answers are stopped, nothing sent
+    await ws.disconnect()
+    assert refused == [
+        {"type": "error", "requestId": "r0", "errorText": "request 'r0' is being served already"},
+        {"type": "error", "requestId": "one-too-many", "errorText": "at most 16 requests at once"},
+    ]
+    assert late == [] and sorted(Chats.chats) == sorted(f"c{i}" for i in range(Chats.max_requests))
+    for answers in Chats.chats.values():
+        assert (await stored(answers[0]))[-1]["type"] == "abort"
+
+
+class SlowToStart(Chats):
+    """The how-to's shape: the answer made, then (after a moment here) its writer started."""
+
+    async def start_answer(self, request: aisdk_ws.ChatRequest) -> Any:
+        answer = await aisdk.acreate_answer(owner=self.scope["user"])
+        self.chats.setdefault(request.chat_id, []).append(answer.id)
+        await asyncio.sleep(0.3)
+        aisdk.start_answer(answer.id, words(self.pause))
+        return answer
+
+
+async def test_a_socket_closed_while_an_answer_starts_leaves_the_answer_started(user) -> None:
+    """The request's cancellation cancelled the subclass's method between making the answer and
+    starting its writer: an answer nobody wrote, and a resume that showed nothing for minutes."""
+    ws = await connect(user, SlowToStart)
+    await ws.send_json_to(send("r1"))
+    await asyncio.sleep(0.1)
+    await ws.disconnect()  # a reload while the answer starts
+    answer = None
+    for _ in range(50):  # bounded: 5 s
+        if Chats.chats.get("c1") and (parts := await stored(Chats.chats["c1"][0])) and parts[-1]["type"] == "finish":
+            answer = parts
+            break
+        await asyncio.sleep(0.1)
+    assert answer is not None, "the answer was made but never written"
+
+
+async def test_a_socket_that_has_carried_its_share_takes_no_new_request_and_is_closed(user) -> None:
+    """Under daphne a send never waits: a client that resumed a long answer again and again and
+    read nothing made the server hold all of it (458 MB from one socket in 16 s)."""
+
+    class Small(Chats):
+        max_socket_chars = 2000
+
+    ws = await connect(user, Small)
+    await ws.send_json_to(send("r1"))
+    first = await frames_until(ws, ended("r1"))
+    for i in range(2, 50):  # bounded: each resume replays the whole answer
+        await ws.send_json_to(resume(f"r{i}"))
+        output = await ws.receive_output(5)
+        if output["type"] == "websocket.close":
+            break
+        await frames_until(ws, ended(f"r{i}"))
+    assert first[-1]["type"] == "end" and i < 49
+    assert output == {
+        "type": "websocket.close",
+        "code": 4429,
+        "reason": "this socket has carried its share; open another",
+    }
 
 
 class Fails(Chats):
@@ -422,49 +511,113 @@ async def test_a_method_that_raises_gets_a_plain_error_frame_and_the_exception_i
 
 # The benchmark's application (its chat socket resumes a chat whose id is a stream's) under
 # uvicorn, with SEND_TIMEOUT from the environment and one more route: GET /test/chats/ answers how
-# many of the chat socket's requests the server process is serving.
+# many of the chat socket's requests the server process is serving, and the exceptions that left
+# the application (each one uvicorn logs as an error).
 CHATS_SERVER = """
 import asyncio, json, os, sys
 from bench.chat_asgi import application as bench
 from pgstreams import aisdk_ws
 aisdk_ws.SEND_TIMEOUT = float(os.environ["TEST_SEND_TIMEOUT"])
+escaped = []
 
 async def application(scope, receive, send):
     if scope["type"] == "http" and scope["path"] == "/test/chats/":
         tasks = [t for t in asyncio.all_tasks() if t.get_name().startswith("pgstreams-aisdk-ws-") and not t.done()]
+        body = json.dumps({"requests": len(tasks), "escaped": escaped}).encode()
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": json.dumps({"requests": len(tasks)}).encode()})
+        await send({"type": "http.response.body", "body": body})
         return
-    await bench(scope, receive, send)
+    try:
+        await bench(scope, receive, send)
+    except BaseException as exc:
+        escaped.append(type(exc).__name__)
+        raise
 
 from uvicorn.main import main
 main(sys.argv[1:])
 """
 
 
-@pytest.mark.multiprocess
-async def test_a_client_that_reads_nothing_is_given_up_after_the_send_timeout() -> None:
-    """uvicorn's sends wait while its client reads nothing: the request waiting on one is given
-    up once SEND_TIMEOUT passes, and the server holds nothing of it."""
+async def big_answer(parts: int) -> Any:
+    """An ownerless answer of ``parts`` parts of 60 KB each, ended."""
     answer = await pgstreams.acreate_stream(content_type="application/json")
-    for start in range(0, 400, 50):
-        await pgstreams.awrite_many(answer.id, [json.dumps(f"{i:05}" + "x" * 60_000) for i in range(start, start + 50)])
+    for start in range(0, parts, 50):
+        batch = range(start, min(start + 50, parts))
+        await pgstreams.awrite_many(answer.id, [json.dumps(f"{i:05}" + "x" * 60_000) for i in batch])
+    await pgstreams.aclose(answer.id)
+    return answer
+
+
+@contextlib.asynccontextmanager
+async def chats_server(send_timeout: float) -> AsyncIterator[tuple[str, Any]]:
+    """``CHATS_SERVER`` on a free loopback port: its host and a function that answers its state."""
     port = free_port()
     command = [sys.executable, "-c", CHATS_SERVER, *server_command("uvicorn", "__main__:application", port)[3:]]
-    with serving(command, port, env={"TEST_SEND_TIMEOUT": "1"}) as host:
+    with serving(command, port, env={"TEST_SEND_TIMEOUT": str(send_timeout)}) as host:
+        async with httpx.AsyncClient(timeout=10) as http:
+
+            async def state() -> dict[str, Any]:
+                return (await http.get(f"http://{host}/test/chats/")).json()
+
+            yield host, state
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("requests", [1, 8])
+async def test_a_client_that_reads_nothing_is_given_up_after_the_send_timeout_once(requests: int) -> None:
+    """uvicorn's sends wait while its client reads nothing: the requests waiting on them are
+    given up once SEND_TIMEOUT passes, and the server holds nothing of them. With several, each
+    cancelled the consumer again and the second cancellation left the application as an error."""
+    answer = await big_answer(400)  # 24 MB
+    async with chats_server(1) as (host, state):
         client = await asyncio.to_thread(RawWebSocket, host, "/ws/bench/chat/")  # reads nothing
         try:
-            client.send_text(json.dumps(resume("r1", chat=str(answer.id)), separators=(",", ":")))
+            for i in range(requests):
+                client.send_text(json.dumps(resume(f"r{i}", chat=str(answer.id)), separators=(",", ":")))
             counts = []
-            async with httpx.AsyncClient(timeout=10) as http:
-                for _ in range(100):  # bounded: 10 s
-                    counts.append((await http.get(f"http://{host}/test/chats/")).json()["requests"])
-                    if counts[-1] == 0 and 1 in counts:
-                        break
-                    await asyncio.sleep(0.1)
+            for _ in range(100):  # bounded: 10 s
+                counts.append((await state())["requests"])
+                if counts[-1] == 0 and requests in counts:
+                    break
+                await asyncio.sleep(0.1)
         finally:
             client.close()
-    assert 1 in counts and counts[-1] == 0, counts  # served, then given up
+        escaped = (await state())["escaped"]
+    assert requests in counts and counts[-1] == 0, counts  # served, then given up
+    assert escaped == []
+
+
+def slow_server(application: Any, seconds: float) -> Any:
+    """``application`` under a server whose every WebSocket send takes ``seconds`` (as uvicorn's
+    do while a client reads at a steady, slow pace)."""
+
+    async def slowed(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        async def slow_send(message: dict[str, Any]) -> None:
+            if message["type"] == "websocket.send":
+                await asyncio.sleep(seconds)
+            await send(message)
+
+        await application(scope, receive, slow_send)
+
+    return slowed
+
+
+async def test_a_client_that_takes_frames_at_a_steady_pace_is_not_given_up(user, monkeypatch) -> None:
+    """A request given up when a whole batch had not gone within SEND_TIMEOUT, though its client
+    took a frame every fraction of it."""
+    monkeypatch.setattr(aisdk_ws, "SEND_TIMEOUT", 0.5)
+    answer = await aisdk.acreate_answer(owner=user)
+    await pgstreams.awrite_many(answer.id, [json.dumps({"type": "data-n", "data": i}) for i in range(12)])
+    await pgstreams.aclose(answer.id)
+    Chats.chats["c1"] = [answer.id]
+    application = slow_server(URLRouter([path("ws/chat/", Chats.as_asgi())]), 0.1)  # 12 parts: 1.2 s
+    ws = WebsocketCommunicator(application, "/ws/chat/")
+    ws.scope["user"] = user
+    assert (await ws.connect())[0]
+    await ws.send_json_to(resume("r1"))
+    got = await frames_until(ws, ended("r1"))
+    await ws.disconnect()
+    assert [f["sequence"] for f in got if f["type"] == "chunk"] == list(range(12)) and got[-1]["type"] == "end"
 
 
 @pytest.mark.parametrize("origin, accepted", [(b"http://evil.example", False), (b"http://127.0.0.1", True)])

@@ -12,7 +12,7 @@ from django.urls import path
 
 from pgstreams import aisdk_ws
 
-from .assistant import checked_prompt, latest_turn, new_turn
+from .assistant import CHAT_ID, checked_prompt, latest_turn, new_turn
 
 
 class ChatSocket(aisdk_ws.ChatConsumer):
@@ -25,7 +25,10 @@ class ChatSocket(aisdk_ws.ChatConsumer):
         return (await sync_to_async(new_turn)(user, request.chat_id, prompt)).stream_id
 
     async def latest_answer(self, request: aisdk_ws.ChatRequest) -> Any:
-        turn = await latest_turn(self.signed_in(), request.chat_id)
+        user = self.signed_in()
+        if not CHAT_ID.fullmatch(request.chat_id):
+            return None  # no chat has such an id
+        turn = await latest_turn(user, request.chat_id)
         return None if turn is None else turn.stream_id
 
     def signed_in(self) -> Any:
