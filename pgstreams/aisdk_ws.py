@@ -100,6 +100,7 @@ class _Request:
         self.id = request_id
         self.head = '{"type":"chunk","requestId":' + json.dumps(request_id)  # its chunk frames' start
         self.task: asyncio.Task[None] | None = None
+        self.found = False  # its method has returned
         self.stream_id: uuid.UUID | None = None  # once it is known to be an answer the user may read
         self.aborted = False
         self.position = 0  # the offset of the next part to send
@@ -168,7 +169,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         """End every request but those aborted while their method runs: they stop their answer
         once it has returned."""
         for serving in self.serving.values():
-            if serving.aborted and serving.stream_id is None:
+            if serving.aborted and not serving.found:
                 continue
             if serving.task is not None and serving.task is not asyncio.current_task():
                 serving.task.cancel()
@@ -210,13 +211,14 @@ class ChatConsumer(AsyncWebsocketConsumer):
         serving = self.serving.get(request_id)
         if serving is None or serving.aborted:
             return
-        serving.aborted = True  # a method still running: its answer is stopped when it returns
-        if serving.stream_id is None:
-            return  # it stays counted (and its id taken) until then
+        serving.aborted = True
+        if not serving.found:
+            return  # its method runs: it stays counted (and its id taken), and stops its answer after
         del self.serving[request_id]
         if serving.task is not None:
             serving.task.cancel()
-        await self.stop_answer(serving.stream_id)
+        if serving.stream_id is not None:
+            await self.stop_answer(serving.stream_id)
 
     async def stop_answer(self, stream_id: uuid.UUID) -> None:
         if not self.stop_on_abort:
@@ -234,10 +236,13 @@ class ChatConsumer(AsyncWebsocketConsumer):
         rid = request.request_id
         try:
             sid, stream = await self.answer_of(request)
+            serving.found = True
             if sid is not None and aisdk.is_answer(stream):
                 serving.stream_id = sid  # an answer the user may read: an abort may stop it from now on
-            if serving.aborted:
-                return await self.stop_answer(serving.stream_id) if serving.stream_id is not None else None
+            if serving.aborted:  # while its method ran
+                if serving.stream_id is not None:
+                    await self.stop_answer(serving.stream_id)
+                return
             if sid is None:
                 return self.frame({"type": "no-active", "requestId": rid})
             if stream.content_type != "application/json":

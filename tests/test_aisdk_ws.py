@@ -493,6 +493,22 @@ async def test_a_socket_that_has_carried_its_share_takes_no_new_request_and_is_c
     }
 
 
+async def test_an_abort_stops_the_sending_of_a_stream_that_is_not_an_answer(user) -> None:
+    """An abort of a request whose stream was no answer (nothing to stop) left it sending."""
+    log = await pgstreams.acreate_stream(owner=user, content_type="application/json")
+    await pgstreams.awrite_many(log.id, ['"one"', '"two"'])
+    ws = await connect(user, ReturnsAnyStream)
+    await ws.send_json_to(resume("r1", chat=str(log.id)))
+    await frames_until(ws, lambda f: f.get("sequence") == 1)
+    await ws.send_json_to({"type": "abort", "requestId": "r1"})
+    await asyncio.sleep(0.2)
+    await pgstreams.awrite(log.id, '"three"')
+    late = await drain(ws, quiet=0.5)
+    await ws.disconnect()
+    await log.arefresh_from_db()
+    assert late == [] and log.closed_at is None
+
+
 class Fails(Chats):
     async def start_answer(self, request: aisdk_ws.ChatRequest) -> Any:
         raise RuntimeError("the project's bug, with a secret in it")
