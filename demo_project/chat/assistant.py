@@ -5,7 +5,8 @@ of ``ai/chat/<id>/stream`` resumes the chat's latest answer (204 if it has none)
 ``ai/chat/<id>/stop`` ends the answer being written. ``ai/durable/chat`` is the same for
 ``@durable-streams/aisdk-transport``: its POST and GET answer where the Durable Streams endpoint
 serves the answer. Each prompt is a ``Conversation`` of the chat, its answer a generation written
-by a worker (``tasks.answer_parts``)."""
+by a worker (``tasks.answer_parts``): ``new_turn``, which the chat socket (``sockets``, ai 7's
+``WebSocketChatTransport``, the page's default) starts its answers with too."""
 
 from __future__ import annotations
 
