@@ -1,11 +1,13 @@
 """The AI SDK's UI message stream from pgstreams (``pgstreams.aisdk``): answers written as parts,
 ended once by finish, error, stop or a lease run out (a writer's, or a queued answer's that no
 writer started), served from their first part; more answers than the demo's pool has workers, at
-a model's pace; then the SDK's own chat client (``node/aisdk_chat.mjs``: @ai-sdk/react's ``Chat``
-and ``DefaultChatTransport``) against the demo's endpoints under daphne: a whole answer, a reload
-mid-answer, two tabs, a stop then a reload, an answer read after it ended, and a generating
-process killed mid-answer; a project made from the how-to's example alone; and ``useChat``
-itself in Chromium, on the demo's page (a vendored bundle, held to what its source builds)."""
+a model's pace; then the SDK's own chat client (``node/aisdk_chat.mjs``: @ai-sdk/react's ``Chat``,
+on ai 7 and, among the long runs, ai 6) against the demo under daphne, over HTTP
+(``DefaultChatTransport``), the Durable Streams endpoint and (ai 7) the chat socket: a whole
+answer, a reload mid-answer, two tabs, a stop then a reload, an answer read after it ended, and a
+generating process killed mid-answer; a project made from the how-to's example alone, over HTTP
+and the socket; and ``useChat`` itself in Chromium, on the demo's page over each of its
+transports (vendored bundles, held to what their source builds)."""
 
 from __future__ import annotations
 
