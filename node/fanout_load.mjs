@@ -75,47 +75,25 @@ class Position {
   }
 }
 
-function websocket(stream, position) {
+// A subscriber's WebSocket to `path`: counted connected once open (or closed without opening),
+// left by closing it, its errors kept; `onOpen(ws)` and `onMessage(ws, raw)` are the protocol's,
+// `onClose()` runs as it closes.
+function subscriberSocket(path, position, { onOpen = () => {}, onMessage, onClose = () => {} }) {
   return new Promise((resolve) => {
-    const ws = new WebSocket(`${origin}/ws/pgstreams/${stream.id}/?from=0`, {
-      perMessageDeflate: false,
-      headers: { Origin: o.base },
-    })
-    let acked = 0
-    let chars = 0 // of the frames read since the last ack
-    let frame = null
-    let timer = null
-    const ack = () => {
-      timer = null
-      if (ws.readyState === WebSocket.OPEN && position.next > acked) {
-        ws.send(JSON.stringify({ type: "ack", frame }))
-        acked = position.next
-        chars = 0
-      }
-    }
+    const ws = new WebSocket(`${origin}${path}`, { perMessageDeflate: false, headers: { Origin: o.base } })
     let opened = false
     const leave = () => ws.close(1000)
     leaving.add(leave)
     position.leave = leave
     ws.on("open", () => {
       opened = true
+      onOpen(ws)
       connected()
     })
-    ws.on("message", (raw) => {
-      const message = JSON.parse(raw)
-      if (message.type === "chunks") {
-        if (!o.idle) for (const item of message.items) position.take(item.offset, item.data)
-        frame = message.frame
-        chars += String(raw).length
-        if (position.next - acked >= 128 || chars >= ACK_CHARS) {
-          clearTimeout(timer)
-          ack()
-        } else if (!timer) timer = setTimeout(ack, ACK_DELAY)
-      } else if (message.type === "end") ws.close(1000)
-    })
+    ws.on("message", (raw) => onMessage(ws, raw))
     ws.on("error", (error) => errors.length < 20 && errors.push(String(error)))
     ws.on("close", () => {
-      clearTimeout(timer)
+      onClose()
       leaving.delete(leave)
       if (!opened) connected() // it never will
       resolve()
@@ -123,31 +101,48 @@ function websocket(stream, position) {
   })
 }
 
+function websocket(stream, position) {
+  let acked = 0
+  let chars = 0 // of the frames read since the last ack
+  let frame = null
+  let timer = null
+  const ack = (ws) => {
+    timer = null
+    if (ws.readyState === WebSocket.OPEN && position.next > acked) {
+      ws.send(JSON.stringify({ type: "ack", frame }))
+      acked = position.next
+      chars = 0
+    }
+  }
+  return subscriberSocket(`/ws/pgstreams/${stream.id}/?from=0`, position, {
+    onMessage(ws, raw) {
+      const message = JSON.parse(raw)
+      if (message.type === "chunks") {
+        if (!o.idle) for (const item of message.items) position.take(item.offset, item.data)
+        frame = message.frame
+        chars += String(raw).length
+        if (position.next - acked >= 128 || chars >= ACK_CHARS) {
+          clearTimeout(timer)
+          ack(ws)
+        } else if (!timer) timer = setTimeout(ack, ACK_DELAY, ws)
+      } else if (message.type === "end") ws.close(1000)
+    },
+    onClose: () => clearTimeout(timer),
+  })
+}
+
 function chatWebsocket(stream, position) {
-  return new Promise((resolve) => {
-    const ws = new WebSocket(`${origin}/ws/bench/chat/`, { perMessageDeflate: false, headers: { Origin: o.base } })
-    let opened = false
-    const leave = () => ws.close(1000)
-    leaving.add(leave)
-    position.leave = leave
-    ws.on("open", () => {
-      opened = true
+  return subscriberSocket("/ws/bench/chat/", position, {
+    onOpen(ws) {
       ws.send(JSON.stringify({ type: "resume", requestId: "r1", id: stream.id, headers: {}, body: {}, metadata: null }))
-      connected()
-    })
-    ws.on("message", (raw) => {
+    },
+    onMessage(ws, raw) {
       const message = JSON.parse(raw)
       if (message.type === "chunk") {
         if (!o.idle) position.take(message.sequence, message.chunk)
       } else if (message.type === "end") ws.close(1000)
       else if (message.type !== "start" && errors.length < 20) errors.push(String(raw).slice(0, 200))
-    })
-    ws.on("error", (error) => errors.length < 20 && errors.push(String(error)))
-    ws.on("close", () => {
-      leaving.delete(leave)
-      if (!opened) connected() // it never will
-      resolve()
-    })
+    },
   })
 }
 
