@@ -145,7 +145,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         self.outbox_chars = 0
         self.flowing = asyncio.Event()  # set while no frame waits to be sent
         self.flowing.set()
-        self.took = asyncio.get_running_loop().time()  # when the client last took a frame
+        self.took = asyncio.get_running_loop().time()  # when the client last took a frame, as far as a wait shows
         self.sent_chars = 0
         self.given_up = False  # or its socket broke: nothing more is sent
         try:
@@ -383,8 +383,8 @@ class ChatConsumer(AsyncWebsocketConsumer):
         except Exception as exc:
             return self.send_failed(exc)
         if self.sending is None:
-            self.took = asyncio.get_running_loop().time()
             return
+        self.took = asyncio.get_running_loop().time()  # the one before it was taken at once
         self.flowing.clear()
         self.sending.add_done_callback(self._sent)
 
