@@ -147,12 +147,13 @@ class ChatConsumer(AsyncWebsocketConsumer):
         self.flowing.set()
         self.took = asyncio.get_running_loop().time()  # when the client last took a frame, as far as a wait shows
         self.sent_chars = 0
-        self.given_up = False  # or its socket broke: nothing more is sent
+        self.given_up = False  # or its socket broke or was closed: nothing more is sent
+        self.abandoned = False  # given up by give_up(), which cancels the consumer
         try:
             await super().__call__(scope, receive, send)
         except asyncio.CancelledError:
-            # Cancelled by drained() alone, giving its client up: the consumer ends, as it meant to.
-            if not self.given_up or self.main.uncancel() > 0:
+            # Cancelled by give_up() alone: the consumer ends, as it meant to.
+            if not self.abandoned or self.main.uncancel() > 0:
                 raise
         finally:
             self.stop_serving()  # however it ended: no request of it is served on
@@ -166,10 +167,10 @@ class ChatConsumer(AsyncWebsocketConsumer):
         self.stop_serving()
 
     def stop_serving(self) -> None:
-        """End every request but those aborted while their method runs: they stop their answer
-        once it has returned."""
+        """End every request but those aborted while their method ran: they stop their answer
+        once it has returned (``abort`` took out and ended the others)."""
         for serving in self.serving.values():
-            if serving.aborted and not serving.found:
+            if serving.aborted:
                 continue
             if serving.task is not None and serving.task is not asyncio.current_task():
                 serving.task.cancel()
@@ -428,7 +429,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         if self.given_up:
             return
         logger.info("pgstreams: a WebSocket chat client took no frame for %.0f s; giving it up", SEND_TIMEOUT)
-        self.given_up = True
+        self.given_up = self.abandoned = True
         self.outbox.clear()
         self.flowing.set()
         self.main.cancel()

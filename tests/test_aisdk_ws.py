@@ -442,6 +442,43 @@ async def test_an_abort_while_the_method_runs_keeps_the_request_counted_its_id_t
         assert (await stored(answers[0]))[-1]["type"] == "abort"
 
 
+async def test_a_socket_closed_while_an_aborted_request_stops_its_answer_leaves_it_stopped(user, monkeypatch) -> None:
+    """The close cancelled the stop of a request aborted while its method ran, once the method
+    had returned: the answer went on to its finish."""
+    stop = aisdk.astop
+
+    async def slow_stop(*args: Any, **kwargs: Any) -> bool:
+        await asyncio.sleep(0.3)  # a slow database
+        return await stop(*args, **kwargs)
+
+    monkeypatch.setattr(aisdk, "astop", slow_stop)
+    Chats.starting, Chats.pause = 0.3, 0.2
+    try:
+        ws = await connect(user)
+        await ws.send_json_to(send("r1"))
+        await asyncio.sleep(0.1)
+        await ws.send_json_to({"type": "abort", "requestId": "r1"})
+        await asyncio.sleep(0.35)  # the method has returned; its stop is under way
+        await ws.disconnect()
+        await asyncio.sleep(1.0)
+    finally:
+        Chats.pause = 0.02
+    parts = await stored(Chats.chats["c1"][0])
+    assert parts[-1]["type"] == "abort"
+
+
+async def test_a_consumer_cancelled_from_outside_after_a_refusal_is_cancelled() -> None:
+    """After a 4400 close (or a failed send) the consumer swallowed any cancellation, as if it
+    were its own giving up: a server shutting it down saw it end as though it had finished."""
+    ws = await connect(AnonymousUser())
+    await ws.send_to(bytes_data=b"binary")
+    assert (await ws.receive_output(5))["code"] == 4400
+    ws.future.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await ws.future
+    assert ws.future.cancelled()
+
+
 class SlowToStart(Chats):
     """The how-to's shape: the answer made, then (after a moment here) its writer started."""
 
