@@ -1,8 +1,7 @@
 """The AI SDK's UI message stream from pgstreams (``pgstreams.aisdk``): answers written as parts,
 ended once by finish, error, stop or a lease run out (a writer's, or a queued answer's that no
-writer started), served from their first part; more answers than the demo's pool has workers, at
-a model's pace; then the SDK's own chat client (``node/aisdk_chat.mjs``: @ai-sdk/react's ``Chat``,
-on ai 7 and, among the long runs, ai 6) against the demo under daphne, over HTTP
+writer started), served from their first part; then the SDK's own chat client (``node/aisdk_chat.mjs``:
+@ai-sdk/react's ``Chat``, on ai 7 and, among the long runs, ai 6) against the demo under daphne, over HTTP
 (``DefaultChatTransport``), the Durable Streams endpoint and (ai 7) the chat socket: a whole
 answer, a reload mid-answer, two tabs, a stop then a reload, an answer read after it ended, and a
 generating process killed mid-answer; a project made from the how-to's example alone, over HTTP
@@ -39,7 +38,7 @@ from pgstreams import aisdk, leases, protocol
 from pgstreams.durable import views as durable_views
 from pgstreams.models import Chunk, Stream
 from tests.conftest import serving
-from tests.helpers import ROOT, Workers, free_port, in_thread, make_project, node_dir
+from tests.helpers import ROOT, free_port, in_thread, make_project, node_dir
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess]
 
@@ -424,47 +423,6 @@ async def test_the_demos_chat_endpoints_answer_json_nested_too_deeply_as_bad_jso
         assert answer.status_code == 400 and b"must be JSON" in answer.content, path
     stop = await client.post("/ai/chat/deep/stop", deep, content_type="application/json")
     assert stop.status_code == 200 and stop.json() == {"stopped": False}
-
-
-@pytest.mark.slow
-async def test_more_answers_than_the_demo_has_workers_all_finish_at_a_models_pace() -> None:
-    """Three prompts to the demo's endpoint with two model workers at 8 tokens/s: one answer
-    waits about 7 to 12 s for a worker, longer than the lease its worker then keeps (views.LEASE), and
-    is neither taken over nor ended meanwhile."""
-    prompts = ["What happens on reconnect?", PROMPT, "Which servers?"]  # 95, 99, then 59 tokens
-    user = await sync_to_async(get_user_model().objects.create_user)("queued", password="pw")
-    client = AsyncClient()
-    await client.aforce_login(user)
-
-    async def ask(prompt: str) -> Any:  # in this order: each answer's task is enqueued as it is asked
-        body = {"id": "queued", "messages": [{"role": "user", "parts": [{"type": "text", "text": prompt}]}]}
-        reply = await client.post("/ai/chat", json.dumps(body), content_type="application/json")
-        assert reply.status_code == 200
-        return reply
-
-    async def read(reply: Any) -> tuple[list[dict[str, Any]], float]:
-        text = b"".join([piece async for piece in reply.streaming_content]).decode()
-        events = [e.removeprefix("data: ") for e in text.split("\n\n") if e and not e.startswith(":")]
-        assert events[-1] == "[DONE]"
-        return [json.loads(e) for e in events[:-1]], time.monotonic() - asked
-
-    workers = await asyncio.to_thread(Workers, 2, env={"CHAT_TOKENS_PER_SECOND": "8"})
-    try:
-        asked = time.monotonic()
-        replies = [await ask(prompt) for prompt in prompts]
-        results = await asyncio.gather(*(read(reply) for reply in replies))
-    finally:
-        await asyncio.to_thread(workers.stop)
-    for prompt, (answer, took) in zip(prompts, results, strict=True):
-        print(f"{len(llm.answer(prompt))} tokens, ended with {answer[-1]['type']} {took:.1f} s after it was asked")
-    for prompt, (answer, _) in zip(prompts, results, strict=True):
-        assert [p["type"] for p in answer][-1] == "finish", (prompt, answer[-1])
-        assert "error" not in [p["type"] for p in answer]
-        assert "".join(p["delta"] for p in answer if p["type"] == "text-delta") == "".join(llm.answer(prompt))
-    assert max(took for _, took in results) > 15  # one waited for a worker
-    turns = Conversation.objects.filter(chat_id="queued").select_related("stream")
-    attempts = await sync_to_async(lambda: [t.stream.metadata["pgstreams_generation"]["attempt"] for t in turns])()
-    assert attempts == [1, 1, 1]  # none taken over while it waited
 
 
 def howto_files() -> dict[str, str]:
