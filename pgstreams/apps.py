@@ -1,5 +1,6 @@
 """App configuration: wires up the system checks and the signals pgstreams receives (the Tasks
-API's ``task_finished``, for generations). No queries and no threads start here."""
+API's ``task_finished``, for generations; ``connection_created``, for the shortcut's request
+cycle). No queries and no threads start here."""
 
 from django.apps import AppConfig
 
@@ -11,5 +12,6 @@ class PgStreamsConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks, generations  # noqa: F401  (importing checks registers them)
+        from .durable import cycle  # noqa: F401  (importing it connects its receiver)
 
         generations.connect_signals()

@@ -15,22 +15,31 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+import threading
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from http.cookies import SimpleCookie
 from typing import Any
 
 import django
 import httpx
 import pytest
-from asgiref.sync import sync_to_async
+from asgiref.sync import SyncToAsync, sync_to_async
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import get_user_model
 from django.contrib.sessions.models import Session
 from django.core.asgi import get_asgi_application
+from django.core.cache import caches
+from django.core.cache.backends.locmem import LocMemCache
+from django.core.handlers.asgi import ASGIHandler
+from django.core.signals import request_finished, request_started
 from django.db import connection
+from django.http import HttpResponse
 from django.test import Client, override_settings
+from django.urls import include, register_converter
+from django.urls import path as route
 from django.utils import timezone
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
@@ -40,7 +49,7 @@ import pgstreams
 from pgstreams.durable.asgi import DurableStreamsFirst
 from pgstreams.models import Stream
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("as_in_a_server")]
 
 TEXT = {"Content-Type": "text/plain"}
 ENDPOINT = "/pgstreams/v1/stream/"
@@ -66,6 +75,66 @@ def messaging(request: Any, action: str, path: str, stream: Any) -> bool:
 
 def rule(name: str) -> dict[str, Any]:
     return {"DURABLE_AUTHORIZE": f"tests.test_shortcut.{name}"}
+
+
+@pytest.fixture
+def as_in_a_server() -> Iterator[None]:
+    """The event loop's thread (this one) with no connection of Django's open, as in a server
+    (Django allows no query there): where one is open, the shortcut sends the request signals by
+    Django's hop (``cycle.sent_here``), and the tests would meet only that way."""
+    connection.close()
+    yield
+
+
+class Toggle:
+    """A project's converter whose answer does not follow from the path alone."""
+
+    regex = "[^/]+"
+    matches = False
+
+    def to_python(self, value: str) -> str:
+        if not Toggle.matches:
+            raise ValueError(value)
+        return value
+
+    def to_url(self, value: str) -> str:
+        return value
+
+
+register_converter(Toggle, "pgstreams-test-toggle")
+urlpatterns = [  # a URLconf whose first pattern takes an endpoint's path when Toggle.matches
+    route("pgstreams/v1/stream/toggled/<pgstreams-test-toggle:name>", lambda request, name: HttpResponse("toggled")),
+    route("pgstreams/", include("pgstreams.urls")),
+]
+
+
+class ClosingCache(LocMemCache):
+    """A cache whose close does something (as a connection's may, which may block)."""
+
+    closed_on: list[str] = []
+
+    def close(self, **kwargs: Any) -> None:
+        ClosingCache.closed_on.append(threading.current_thread().name)
+
+
+class Hops(ThreadPoolExecutor):
+    """``sync_to_async``'s one thread, counting the calls it is given."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=1, thread_name_prefix="hops")
+        self.count = 0
+
+    def submit(self, *args: Any, **kwargs: Any) -> Any:
+        self.count += 1
+        return super().submit(*args, **kwargs)
+
+
+@pytest.fixture
+def hops(monkeypatch: pytest.MonkeyPatch) -> Iterator[Hops]:
+    executor = Hops()
+    monkeypatch.setattr(SyncToAsync, "single_thread_executor", executor)
+    yield executor
+    executor.shutdown()
 
 
 @dataclasses.dataclass
@@ -553,3 +622,124 @@ async def test_a_write_with_credentials_a_browser_sends_by_itself_is_csrf_checke
                 "PUT", f"{ENDPOINT}ambient/{len(extra)}/{{side}}/x", {**TEXT, **cross_site, **extra}
             )
             assert made.status_code == 201, made.text
+
+
+async def test_an_anonymous_append_sends_the_request_signals_without_a_threads_hop_and_answers_alike(
+    hops: Hops,
+) -> None:
+    """Where every receiver of the request signals is Django's own and no connection outside
+    pgstreams' threads is open, the shortcut sends them on the event loop: Django's two hops a
+    request (``request_started``, the response's close) are not made, and the answers are the
+    same. With a receiver of a project's connected to one signal, or both, that signal goes by
+    Django's hop."""
+    with override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": "demo_project.chat.durable.allow_everything"}):
+        project = Project()
+        shortcut = project.sides["shortcut"]
+        await project.agree("PUT", f"{ENDPOINT}hops/{{side}}", TEXT)
+        before = hops.count
+        assert (await shortcut.send("PUT", f"{ENDPOINT}hops/alone", TEXT, b"")).status_code == 201
+        for _ in range(3):
+            assert (await shortcut.send("POST", f"{ENDPOINT}hops/alone", TEXT, b"x")).status_code == 204
+        assert hops.count == before, "a request signal or a close went by sync_to_async's thread"
+        await project.agree("POST", f"{ENDPOINT}hops/{{side}}", TEXT, "y")
+        await project.agree("GET", f"{ENDPOINT}hops/{{side}}?offset=-1")
+
+        def receiver(**kwargs: Any) -> None:
+            pass
+
+        for signal, hopped in ((request_started, 1), (request_finished, 1), (None, 2)):
+            for each in (request_started, request_finished) if signal is None else (signal,):
+                each.connect(receiver)
+            try:
+                before = hops.count
+                assert (await shortcut.send("POST", f"{ENDPOINT}hops/alone", TEXT, b"x")).status_code == 204
+                assert hops.count == before + hopped
+            finally:
+                request_started.disconnect(receiver)
+                request_finished.disconnect(receiver)
+
+
+async def test_a_projects_receivers_of_the_request_signals_see_every_request_alike() -> None:
+    """Each request's ``request_started`` (with its scope) and ``request_finished``, sent by
+    Django's handler as the sender, on a thread that is not the event loop's: both ways."""
+    seen: list[tuple[str, Any, list[str], bool]] = []
+
+    def receiver(signal: Any, sender: Any, **named: Any) -> None:
+        name = "started" if signal is request_started else "finished"
+        seen.append((name, sender, sorted(named), threading.current_thread() is threading.main_thread()))
+
+    request_started.connect(receiver)
+    request_finished.connect(receiver)
+    try:
+        with override_settings(PGSTREAMS={"DURABLE_AUTHORIZE": "demo_project.chat.durable.allow_everything"}):
+            project = Project()
+            each = {}
+            for name, side in project.sides.items():
+                seen.clear()
+                for method, body in (("PUT", b""), ("POST", b"x"), ("GET", b""), ("DELETE", b"")):
+                    await side.send(method, f"{ENDPOINT}receivers/{{side}}", TEXT, body)
+                each[name] = list(seen)
+    finally:
+        request_started.disconnect(receiver)
+        request_finished.disconnect(receiver)
+    assert each["shortcut"] == each["django"]
+    assert each["django"] == [("started", ASGIHandler, ["scope"], False), ("finished", ASGIHandler, [], False)] * 4
+
+
+@override_settings(
+    ROOT_URLCONF="tests.test_shortcut",
+    PGSTREAMS={"DURABLE_AUTHORIZE": "demo_project.chat.durable.allow_everything"},
+)
+async def test_a_path_is_resolved_afresh_where_the_urlconf_has_a_converter_of_the_projects() -> None:
+    """The shortcut remembers what a path resolves to only where that follows from the path
+    alone: here a converter of the project's answers otherwise the second time, both ways."""
+    project = Project()
+    for matches in (False, True, False):
+        Toggle.matches = matches
+        answer = await project.agree("GET", f"{ENDPOINT}toggled/{{side}}")
+        assert (answer.text == "toggled") if matches else (answer.status_code == 404)
+
+
+ANYONE = {"DURABLE_AUTHORIZE": "demo_project.chat.durable.allow_everything"}
+
+
+async def test_a_connection_open_on_sync_to_asyncs_thread_is_closed_as_a_request_starts_and_ends(hops: Hops) -> None:
+    """With CONN_MAX_AGE 0, Django's request signals close the connections of the thread they
+    are sent on: one open on sync_to_async's thread (a session's load opens one there) is closed
+    by the next request through the shortcut, whose signals go by that thread."""
+    with override_settings(PGSTREAMS=ANYONE):
+        shortcut = Project().sides["shortcut"]
+        assert (await shortcut.send("PUT", f"{ENDPOINT}open/alone", TEXT, b"")).status_code == 201
+        for _ in range(2):
+            await sync_to_async(connection.ensure_connection)()
+            assert (await shortcut.send("POST", f"{ENDPOINT}open/alone", TEXT, b"x")).status_code == 204
+            assert await sync_to_async(lambda: connection.connection is None)()
+
+
+@override_settings(CACHES={"default": {"BACKEND": "tests.test_shortcut.ClosingCache"}}, PGSTREAMS=ANYONE)
+async def test_a_cache_whose_close_does_something_is_closed_off_the_event_loop_both_ways(hops: Hops) -> None:
+    """``request_finished`` closes the caches the request's context opened; one whose close does
+    something is closed on sync_to_async's thread (the shortcut) or the request's (Django's),
+    never on the event loop, and the answers are the same."""
+    caches["default"].get("opened")
+    ClosingCache.closed_on.clear()
+    project = Project()
+    await project.agree("PUT", f"{ENDPOINT}cached/{{side}}", TEXT)
+    await project.agree("POST", f"{ENDPOINT}cached/{{side}}", TEXT, "x")
+    assert len(ClosingCache.closed_on) == 4
+    assert threading.main_thread().name not in ClosingCache.closed_on
+
+
+async def test_a_request_that_received_files_is_closed_off_the_event_loop_and_answers_alike(hops: Hops) -> None:
+    """A write with credentials a browser sends by itself is CSRF-checked, which reads a form's
+    files from a POST that carries no token in its headers: the response's close, which closes
+    those files, goes by sync_to_async's thread (where a request without files makes no hop)."""
+    form = {"Content-Type": "multipart/form-data; boundary=b", "Authorization": "Basic dXNlcjpwdw=="}
+    body = '--b\r\nContent-Disposition: form-data; name="f"; filename="f.txt"\r\n\r\nfile\r\n--b--\r\n'
+    with override_settings(PGSTREAMS=ANYONE):
+        project = Project()
+        await csrf_token(project)  # the cookie, without the header
+        for files, hopped in ((False, 0), (True, 1)):
+            before = hops.count
+            refused = await project.agree("POST", f"{ENDPOINT}files/{{side}}", form, body if files else "")
+            assert refused.status_code == 403 and hops.count == before + hopped

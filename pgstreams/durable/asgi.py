@@ -37,7 +37,7 @@ from django.urls import get_script_prefix, reverse
 from django.urls.converters import UUIDConverter
 from django.utils.module_loading import import_string
 
-from . import views
+from . import cycle, views
 
 logger = logging.getLogger("pgstreams.durable")
 
@@ -150,6 +150,23 @@ class _Handler(ASGIHandler):
                 self._exception_middleware.append(middleware.process_exception)  # called on a thread, as by Django
             chain = convert_exception_to_response(_layer(name, middleware, chain))
         self._middleware_chain = chain
+
+    handle = cycle.handle()
+
+    async def run_get_response(self, request: HttpRequest) -> HttpResponseBase:
+        """Django's, the response naming Django's handler as the sender of its close's
+        ``request_finished``, as Django's own handler's responses do."""
+        response = await super().run_get_response(request)
+        response._handler_class = ASGIHandler
+        return response
+
+    def resolve_request(self, request: HttpRequest) -> Any:
+        """Django's, or its answer for the path remembered where that is the same (``cycle``)."""
+        match = cycle.resolve(request)
+        if match is None:
+            return super().resolve_request(request)
+        request.resolver_match = match
+        return match
 
     def routes(self, path: str, method: str) -> bool:
         """Whether the URL path ``path`` is one of the two views' (the SSE view's for a GET, the
