@@ -743,3 +743,19 @@ async def test_a_request_that_received_files_is_closed_off_the_event_loop_and_an
             before = hops.count
             refused = await project.agree("POST", f"{ENDPOINT}files/{{side}}", form, body if files else "")
             assert refused.status_code == 403 and hops.count == before + hopped
+
+
+@pytest.mark.parametrize(
+    ("storage", "status"),
+    [("fallback.FallbackStorage", 500), ("session.SessionStorage", 500), ("cookie.CookieStorage", 404)],
+)
+async def test_messages_kept_in_a_session_without_session_middleware_fail_every_request_alike(
+    storage: str, status: int
+) -> None:
+    """A storage of the session's without SessionMiddleware fails in MessageMiddleware's
+    ``process_request``, whether or not the request uses messages: 500 both ways."""
+    middleware = ["django.middleware.common.CommonMiddleware", "django.contrib.messages.middleware.MessageMiddleware"]
+    storage = f"django.contrib.messages.storage.{storage}"
+    with override_settings(MIDDLEWARE=middleware, MESSAGE_STORAGE=storage, PGSTREAMS=ANYONE):
+        answer = await Project().agree("GET", f"{ENDPOINT}no-sessions/{{side}}?offset=-1")
+        assert answer.status_code == status
