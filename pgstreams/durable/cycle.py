@@ -10,8 +10,9 @@ The same, because of what the receivers are: when every receiver is Django's own
 (their logged queries, those past their age or broken), or on the request's context (its open
 caches, its URLconf). So where no connection outside pgstreams' own threads is open or holds
 logged queries (``connection_created`` tells which were opened) and no cache the context opened
-has a close that does anything, the receivers find on the event loop what they would find on
-the thread, and do the same: nothing but resetting the URLconf. Otherwise, and whenever a
+has a close that does anything, the receivers would find on the event loop what they would
+find on the thread, and do the same: nothing but resetting the URLconf, so only that one is
+called. Otherwise, and whenever a
 receiver is not Django's (a project's, an async one), the signal goes by Django's ``asend`` and
 the close by its hop, as Django does. Both name ``ASGIHandler`` as their sender, as Django's own
 handler does. Measured: the two hops were about a fifth of an append's CPU.
@@ -83,13 +84,13 @@ _opened = _Opened()
 connection_created.connect(_opened.add, dispatch_uid="pgstreams.durable.cycle")
 
 
-def sent_here(signal: Signal, sender: Any) -> bool:
+def sent_here(signal: Signal) -> bool:
     """Whether ``signal`` sent on the event loop does what it does on the thread Django's
     ``asend`` hops to: its receivers are Django's own, no connection they could act on is open
     or holds logged queries, and no cache of the request's context has a close that does
     anything (a connection's, which may block; the local memory, file, database and dummy
     caches' close does nothing)."""
-    sync_receivers, async_receivers = signal._live_receivers(sender)
+    sync_receivers, async_receivers = signal._live_receivers(ASGIHandler)
     return (
         not async_receivers
         and all(receiver in DJANGOS_RECEIVERS for receiver in sync_receivers)
@@ -99,17 +100,45 @@ def sent_here(signal: Signal, sender: Any) -> bool:
 
 
 class _RequestSignal:
-    """A request signal as ``handle()`` sends it: from ``ASGIHandler``, the sender Django's own
-    handler names (not the shortcut's subclass); on the event loop where ``sent_here`` allows,
-    else by Django's ``asend``."""
+    """A request signal as the shortcut sends it, from ``ASGIHandler`` (the sender Django's own
+    handler names, not the shortcut's subclass): ``asend`` on the event loop where
+    ``sent_here`` holds, else by Django's ``asend``; ``send``, where it holds (the response's
+    close, which ``_closing`` lets run here only then), to the receivers left with something to
+    do: ``ACTING_HERE`` (the others would find no connection open, and no cache to close)."""
+
+    ACTING_HERE: Final = frozenset({reset_urlconf})
 
     def __init__(self, signal: Signal) -> None:
         self.signal = signal
 
     async def asend(self, sender: Any, **named: Any) -> list[tuple[Any, Any]]:
-        if sent_here(self.signal, ASGIHandler):
-            return self.signal.send(ASGIHandler, **named)
+        if sent_here(self.signal):
+            return self.send(ASGIHandler, **named)
         return await self.signal.asend(ASGIHandler, **named)
+
+    def send(self, sender: Any, **named: Any) -> list[tuple[Any, Any]]:
+        sync_receivers, _ = self.signal._live_receivers(ASGIHandler)
+        acting = [receiver for receiver in sync_receivers if receiver in self.ACTING_HERE]
+        return [(receiver, receiver(signal=self.signal, sender=ASGIHandler, **named)) for receiver in acting]
+
+
+_SIGNALS = types.SimpleNamespace(
+    request_started=_RequestSignal(signals.request_started),
+    request_finished=_RequestSignal(signals.request_finished),
+)
+
+
+def _django_code(function: Any, **names: Any) -> Any:
+    """``function`` (one of Django's), its own code run with ``names`` standing for those of its
+    module; None if its code is not a plain function of its module's names."""
+    if function.__code__.co_freevars:
+        return None
+    namespace = {**function.__globals__, **names}
+    return types.FunctionType(function.__code__, namespace, function.__name__, function.__defaults__)
+
+
+# HttpResponseBase.close sending request_finished here (used where ``sent_here`` holds).
+_close_here = _django_code(HttpResponseBase.close, signals=_SIGNALS)
 
 
 def _request_close(closer: Callable[[], None]) -> bool:
@@ -130,14 +159,15 @@ def _closing(close: Callable[[], None]) -> Callable[[], Awaitable[None]]:
     ``request_finished`` is ``sent_here``; else Django's hop."""
     response = getattr(close, "__self__", None)
     if (
-        isinstance(response, HttpResponseBase)
+        _close_here is not None
+        and isinstance(response, HttpResponseBase)
         and getattr(close, "__func__", None) is HttpResponseBase.close
         and all(map(_request_close, response._resource_closers))
-        and sent_here(signals.request_finished, response._handler_class)
+        and sent_here(signals.request_finished)
     ):
 
         async def closed() -> None:
-            close()
+            _close_here(response)
 
         return closed
     return sync_to_async(close)
@@ -147,15 +177,7 @@ def handle() -> Callable[..., Awaitable[None]]:
     """Django's ``ASGIHandler.handle`` (its own code) with ``signals`` and ``sync_to_async``
     standing for the request signals and the close made as above; Django's own function if its
     code is not a plain function of its module's names."""
-    django_handle = ASGIHandler.handle
-    if django_handle.__code__.co_freevars:
-        return django_handle
-    names = types.SimpleNamespace(
-        request_started=_RequestSignal(signals.request_started),
-        request_finished=_RequestSignal(signals.request_finished),
-    )
-    namespace = {**django_handle.__globals__, "signals": names, "sync_to_async": _closing}
-    return types.FunctionType(django_handle.__code__, namespace, django_handle.__name__, django_handle.__defaults__)
+    return _django_code(ASGIHandler.handle, signals=_SIGNALS, sync_to_async=_closing) or ASGIHandler.handle
 
 
 def resolve(request: HttpRequest) -> ResolverMatch | None:
