@@ -6,8 +6,9 @@ application as the fan-out benchmark serves it).
 
 It measures appends/s and their latency over concurrent connections, one stream and one append
 in flight each (a ladder: 64, 100, 1,000 connections), stream creation (PUT) per second,
-catch-up reads in MB/s, the token-per-POST shape (``--paced-streams`` streams appended to
-``--paced-rate`` times a second, each read over SSE), and the time from an append to a long-poll
+catch-up reads in MB/s, the token-per-POST shape (``--paced-streams`` streams, each read over SSE
+and appended to at each rate of ``--paced-rate`` in turn, open loop, until one is not held: the
+most appends/s held with nothing failed or missed), and the time from an append to a long-poll
 and an SSE reader's receipt. Around each part it reads the server's CPU time and, for pgstreams,
 how many write transactions Postgres began (the next transaction id moves once per transaction
 that writes): appends per transaction, and CPU per append. pgstreams commits each append
@@ -51,7 +52,7 @@ class DurableConfig:
     seconds: float = 10.0
     connections: tuple[int, ...] = (64, 100, 1000)  # one part each
     paced_streams: int = 1000
-    paced_rate: float = 20.0
+    paced_rates: tuple[float, ...] = (1.0, 2.0, 3.0, 5.0, 10.0, 20.0)  # appends/s to each, a ladder
     payload: int = 64
     read_megabytes: float = 20.0
     readers: int = 4
@@ -66,7 +67,7 @@ def run_durable(config: DurableConfig, say: Callable[[str], None] = print) -> di
     runs: dict[str, Any] = {}
     prefix = f"pgstreams-bench-{uuid.uuid4().hex[:8]}"
     parts = [f"appends:{n}" for n in config.connections] + ["creates", "catch_up"]
-    parts += (["paced"] if config.paced_streams else []) + ["long_poll", "sse"]
+    parts += ([f"paced:{rate:g}" for rate in config.paced_rates] if config.paced_streams else []) + ["long_poll", "sse"]
     say("durable: the reference server (file-backed)")
     runs["reference, file-backed"] = _parts(node, parts, _reference, config, f"{prefix}/reference")
     settle = min(0.5, config.seconds / 20)  # after daphne's start: 0.5 s for parts of 10 s or more
@@ -105,19 +106,34 @@ def _parts(
 ) -> dict[str, Any]:
     """Each part on a server started afresh (``serve()``: its base URLs and processes), so that
     a server one part brings down does not fail the parts after it: that part is reported as
-    failed."""
-    merged: dict[str, Any] = {"appends": [], "server": {}, "failed": {}}
+    failed. The token-per-POST rates climb until one is not held (``_held``)."""
+    merged: dict[str, Any] = {"appends": [], "paced": [], "server": {}, "failed": {}}
     for part in parts:
+        if part.startswith("paced:") and merged["paced"] and not _held(merged["paced"][-1]):
+            continue
         try:
             with serve() as (bases, pids):
                 report = _load(node, bases, pids, config, f"{prefix}/{part.replace(':', '-')}", part)
         except RuntimeError as exc:
             merged["failed"][part] = str(exc)[-300:]
+            if part.startswith("paced:"):  # a rate that brought the server down: not held
+                merged["paced"].append({"rate": float(part.split(":")[1]), "brought_down": True})
             continue
         merged["appends"] += report.pop("appends", [])
+        if "paced" in report:
+            merged["paced"].append(report.pop("paced"))
         merged["server"].update(report.pop("server"))
         merged.update(report)
     return merged
+
+
+def _held(paced: dict[str, Any]) -> bool:
+    """Whether a token-per-POST rate was held: nothing failed, none missed by its readers, and
+    at least 95% of the appends offered answered."""
+    if paced.get("brought_down"):
+        return False
+    answered = paced["appends_per_second"] >= 0.95 * paced["offered_per_second"]
+    return not paced["failed"] and not paced["missed"] and answered
 
 
 def _load(
@@ -136,7 +152,6 @@ def _load(
         "latencyStreams": config.latency_streams,
         "interval": config.interval,
         "pacedStreams": config.paced_streams,
-        "pacedRate": config.paced_rate,
         "part": part,
     }
     counters = _Counters(pids)
@@ -285,23 +300,28 @@ def table(report: dict[str, Any]) -> str:
         ]
     rows += [
         ("creates (PUT)/s", lambda r: f"{r['creates']['creates_per_second']:,.0f} ({r['creates']['failed']} failed)"),
+        ("creates: server CPU per create", lambda r: _cpu_per(r, "creates", r["creates"]["creates"])),
         ("catch-up reads, MB/s", lambda r: f"{r['catch_up']['megabytes_per_second']:,.1f}"),
+        (
+            "catch-up: server CPU per MB",
+            lambda r: _cpu_per(r, "catch-up", r["catch_up"]["whole_reads"] * r["catch_up"]["stream_megabytes"]),
+        ),
     ]
     if report["config"]["paced_streams"]:
+        n = report["config"]["paced_streams"]
         rows += [
+            (f"token per POST, {n} streams: the most appends/s held (appends/s to each)", _most_held),
+            ("token per POST at that rate: answered p50 / p99 ms", lambda r: _ms(_best(r)["answered_ms"])),
+            ("token per POST at that rate: delivered over SSE p50 / p99 ms", lambda r: _ms(_best(r)["delivered_ms"])),
             (
-                "token per POST: appends/s of offered (failed, missed by SSE)",
-                lambda r: (
-                    f"{r['paced']['appends_per_second']:,.0f} of {r['paced']['offered_per_second']:,.0f} "
-                    f"({r['paced']['failed']}, {r['paced']['missed']})"
+                "token per POST at that rate: appends per write transaction, server CPU per append",
+                lambda r: _per_append(
+                    r,
+                    f"paced-{_best(r)['rate']:g}",
+                    _best(r)["appends_per_second"] * r["server"][f"paced-{_best(r)['rate']:g}"]["seconds"],
                 ),
             ),
-            ("token per POST: answered p50 / p99 ms", lambda r: _ms(r["paced"]["answered_ms"])),
-            ("token per POST: delivered over SSE p50 / p99 ms", lambda r: _ms(r["paced"]["delivered_ms"])),
-            (
-                "token per POST: appends per write transaction, server CPU per append",
-                lambda r: _per_append(r, "paced", r["paced"]["appends_per_second"] * r["server"]["paced"]["seconds"]),
-            ),
+            ("token per POST, the next rate: appends/s of offered (failed, missed)", _not_held),
         ]
     for live in ("long_poll", "sse"):
         label = "long-poll" if live == "long_poll" else "SSE"
@@ -310,11 +330,44 @@ def table(report: dict[str, Any]) -> str:
             (f"{label}: append answered to reader, p50 / p99 ms", lambda r, k=live: _ms(r[k]["from_response_ms"]))
         )
         rows.append((f"{label}: deliveries (missed)", lambda r, k=live: f"{r[k]['deliveries']} ({r[k]['missed']})"))
+        rows.append(
+            (
+                f"{label}: server CPU per append and its delivery",
+                lambda r, k=live: _cpu_per(r, k.replace("_", "-"), r[k]["deliveries"]),
+            )
+        )
     lines = ["| | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
     lines += [
         f"| {label} | " + " | ".join(_cell(cell, report["runs"][name]) for name in names) + " |" for label, cell in rows
     ]
     return "\n".join(lines)
+
+
+def _best(run: dict[str, Any]) -> dict[str, Any]:
+    """The highest token-per-POST rate ``run`` held (KeyError if none)."""
+    held = [paced for paced in run["paced"] if _held(paced)]
+    if not held:
+        raise KeyError("paced")
+    return held[-1]
+
+
+def _most_held(run: dict[str, Any]) -> str:
+    held = [paced for paced in run["paced"] if _held(paced)]
+    if not held:
+        return "none"
+    return f"{held[-1]['appends_per_second']:,.0f} ({held[-1]['rate']:g}/s)"
+
+
+def _not_held(run: dict[str, Any]) -> str:
+    if not run["paced"] or _held(run["paced"][-1]):
+        return "- (every rate held)"
+    paced = run["paced"][-1]
+    if paced.get("brought_down"):
+        return f"{paced['rate']:g}/s each: the server went down"
+    return (
+        f"{paced['appends_per_second']:,.0f} of {paced['offered_per_second']:,.0f} "
+        f"({paced['failed']}, {paced['missed']})"
+    )
 
 
 def _appends(run: dict[str, Any], connections: int) -> dict[str, Any]:
@@ -337,6 +390,14 @@ def _ms(figures: dict[str, float | None]) -> str:
     if figures["p50"] is None:
         return "-"
     return f"{figures['p50']:.1f} / {figures['p99']:.1f}"
+
+
+def _cpu_per(run: dict[str, Any], part: str, count: float) -> str:
+    """The server's CPU in ``part`` per one of ``count`` (requests, megabytes, deliveries)."""
+    counted = run["server"].get(part)
+    if not counted or not count:
+        return "-"
+    return f"{counted['cpu_seconds'] / count * 1e6:,.0f} us"
 
 
 def _per_append(run: dict[str, Any], part: str, appends: float) -> str:

@@ -8,9 +8,9 @@
 //   prefix         the streams' paths start with it
 //   connections    concurrent appenders, each on its own stream, one append in flight each (a
 //                  list: the first is also the creates part's)
-//   part           the part to run: appends:<connections>, creates, catch_up, paced, long_poll, sse
+//   part           the part to run: appends:<connections>, creates, catch_up, paced:<appends/s to
+//                  each stream>, long_poll, sse
 //   pacedStreams   streams of the token-per-POST part, each with an SSE reader
-//   pacedRate      appends/s to each of them
 //   seconds        how long each part runs
 //   payload        bytes per append (64)
 //   readMegabytes  size of the stream the catch-up readers read whole, again and again
@@ -31,12 +31,15 @@ const streamUrl = (i, name) => `${o.bases[i % o.bases.length]}/v1/stream/${o.pre
 // part keeps every one of them busy).
 const agent = new http.Agent({ keepAlive: true, maxFreeSockets: Infinity })
 
-// A request and its whole answer; refused unless its status is in `ok`. The response's headers
-// are node's, by lowercase name.
+// A request and its whole answer; refused unless its status is in `ok`, or when its connection
+// is silent for REQUEST_TIMEOUT ms (a server that stopped answering fails the part, not hangs
+// it). The response's headers are node's, by lowercase name.
+const REQUEST_TIMEOUT = 30000
 function request(url, { method = "GET", headers = {}, body } = {}, ok = [200, 201, 204]) {
   return new Promise((resolve, reject) => {
     const data = typeof body === "string" ? Buffer.from(body) : body
     const sent = http.request(url, { method, agent, headers: { ...headers, "Content-Length": data?.length ?? 0 } })
+    sent.setTimeout(REQUEST_TIMEOUT, () => sent.destroy(new Error(`${method} ${url}: no answer in ${REQUEST_TIMEOUT} ms`)))
     sent.on("error", reject)
     sent.on("response", (response) => {
       const chunks = []
@@ -130,12 +133,12 @@ async function creates() {
   return { connections, creates_per_second: done / seconds, creates: done, failed }
 }
 
-// The token-per-POST shape: `pacedStreams` streams, each appended "<seq>;" `pacedRate` times a
+// The token-per-POST shape: `pacedStreams` streams, each appended "<seq>;" `rate` times a
 // second (open loop: an append is sent on time whether the last one was answered or not) and
 // read by one SSE reader; the time from each append's request to its answer and to its receipt.
-async function paced() {
+async function paced(rate) {
   const n = o.pacedStreams
-  const period = 1000 / o.pacedRate
+  const period = 1000 / rate
   const answeredIn = []
   const deliveredIn = []
   let failed = 0
@@ -157,7 +160,7 @@ async function paced() {
   )
   // The readers' time to connect: a tenth of the part, 1 s at most (1 s for a part of 10 s or more).
   await new Promise((resolve) => setTimeout(resolve, Math.min(1000, o.seconds * 100)))
-  mark("paced", "start")
+  mark(`paced-${rate}`, "start")
   const started = performance.now()
   const end = started + o.seconds * 1000
   await Promise.all(
@@ -180,7 +183,7 @@ async function paced() {
     })
   )
   const seconds = (performance.now() - started) / 1000
-  mark("paced", "end")
+  mark(`paced-${rate}`, "end")
   // Every append's receipt, for 2 s at most (`got` holds only the seqs sent).
   await until(() => streams.every((stream) => stream.got.size >= stream.sent.length), 2000)
   for (const stream of streams) {
@@ -192,9 +195,10 @@ async function paced() {
   }
   for (const controller of controllers) controller.abort()
   await Promise.all(streams.map((stream) => stream.reader.catch(() => {})))
-  const offered = n * o.pacedRate
+  const offered = n * rate
   return {
     streams: n,
+    rate,
     offered_per_second: offered,
     appends_per_second: answeredIn.length / seconds,
     failed,
@@ -260,6 +264,7 @@ async function latency(live) {
   const end = performance.now() + o.seconds * 1000
   const streams = [] // each stream's appends sent and received, and whether it is done sending
   const delivered = () => streams.every((stream) => stream.done && stream.got.size >= stream.sent.length)
+  mark(live, "start")
   await Promise.all(
     Array.from({ length: o.latencyStreams }, async (_, i) => {
       const url = streamUrl(i, `${live}-${i}`)
@@ -297,6 +302,7 @@ async function latency(live) {
       await reader.catch(() => {})
     })
   )
+  mark(live, "end")
   return { deliveries: fromRequest.length, missed, from_request_ms: ms(fromRequest), from_response_ms: ms(fromResponse) }
 }
 
@@ -344,7 +350,7 @@ const report = {}
 if (o.part.startsWith("appends:")) report.appends = [await appends(Number(o.part.slice("appends:".length)))]
 else if (o.part === "creates") report.creates = await creates()
 else if (o.part === "catch_up") report.catch_up = await catchUp()
-else if (o.part === "paced") report.paced = await paced()
+else if (o.part.startsWith("paced:")) report.paced = await paced(Number(o.part.slice("paced:".length)))
 else if (o.part === "long_poll") report.long_poll = await latency("long-poll")
 else if (o.part === "sse") report.sse = await latency("sse")
 else throw new Error(`no part ${o.part}`)

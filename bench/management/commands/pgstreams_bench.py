@@ -114,7 +114,12 @@ class Command(BaseCommand):
             default=1000,
             help="with --durable: streams of the token-per-POST part (0 for none)",
         )
-        parser.add_argument("--paced-rate", type=float, default=20.0, help="with --durable: appends/s to each of them")
+        parser.add_argument(
+            "--paced-rate",
+            default="1,2,3,5,10,20",
+            help="with --durable: appends/s to each of them, one part per rate (comma-separated), climbing until "
+            "one is not held (something failed or missed, or under 95%% of the offered appends answered)",
+        )
         parser.add_argument(
             "--read-megabytes",
             type=float,
@@ -313,7 +318,11 @@ class Command(BaseCommand):
     def run_durable(self, o: dict[str, Any]) -> dict[str, Any]:
         if o["llm"] or o["replica"]:
             raise CommandError("--durable, --llm and --replica are three benchmarks: run them one at a time")
-        if o["paced_streams"] < 0 or o["paced_rate"] <= 0 or o["read_megabytes"] <= 0:
+        try:
+            rates = tuple(sorted(float(rate) for rate in o["paced_rate"].split(",")))
+        except ValueError:
+            raise CommandError(f"--paced-rate must be numbers of appends/s, not {o['paced_rate']!r}") from None
+        if o["paced_streams"] < 0 or min(rates) <= 0 or o["read_megabytes"] <= 0:
             raise CommandError("--paced-streams must be at least 0, --paced-rate and --read-megabytes above 0")
         servers = tuple(t.strip() for t in o["servers"].split(","))
         if set(servers) - set(SERVERS):
@@ -322,7 +331,7 @@ class Command(BaseCommand):
             seconds=o["duration"],
             connections=_counts(o, "connections"),
             paced_streams=o["paced_streams"],
-            paced_rate=o["paced_rate"],
+            paced_rates=rates,
             read_megabytes=o["read_megabytes"],
             processes=_counts(o, "processes"),
             servers=servers,
