@@ -116,9 +116,9 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--paced-rate",
-            default="1,2,3,5,10,20",
+            default="0.25,0.5,1,2,5,10,20",
             help="with --durable: appends/s to each of them, one part per rate (comma-separated), climbing until "
-            "one is not held (something failed or missed, or under 95%% of the offered appends answered)",
+            "one is not held (something failed or missed, or the answers' p99 over 1 s)",
         )
         parser.add_argument(
             "--read-megabytes",
