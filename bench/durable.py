@@ -6,13 +6,14 @@ application as the fan-out benchmark serves it).
 
 It measures appends/s and their latency over concurrent connections, one stream and one append
 in flight each (a ladder: 64, 100, 1,000 connections), stream creation (PUT) per second,
-catch-up reads in MB/s, the token-per-POST shape (``--paced-streams`` streams, each read over SSE
-and appended to at each rate of ``--paced-rate`` in turn, open loop, until one is not held: the
-most appends/s held with nothing failed or missed and 99% answered within a second), and the time from an append to a long-poll
-and an SSE reader's receipt. Around each part it reads the server's CPU time and, for pgstreams,
-how many write transactions Postgres began (the next transaction id moves once per transaction
-that writes): appends per transaction, and CPU per append. pgstreams commits each append
-to Postgres with the server's ``synchronous_commit`` (``on``: flushed to its WAL); the reference
+catch-up reads in MB/s, the token-per-POST shape (``--paced-streams`` streams, each read over
+SSE and appended to at each rate of ``--paced-rate`` in turn, open loop, until one is not held:
+the most appends/s held with nothing failed or missed and 99% answered within a second), and
+the time from an append to a long-poll and an SSE reader's receipt. Around each part it reads
+the server's CPU time and, for pgstreams, how many write transactions Postgres began (the next
+transaction id moves once per transaction that writes): appends per transaction, and CPU per
+append, per create, per MB read and per live delivery. pgstreams commits each append to
+Postgres with the server's ``synchronous_commit`` (``on``: flushed to its WAL); the reference
 writes each append to a per-stream log file and fdatasyncs it, and keeps its metadata in LMDB.
 """
 
@@ -137,6 +138,152 @@ def _held(paced: dict[str, Any]) -> bool:
         return False
     p99 = paced["answered_ms"]["p99"]
     return not paced["failed"] and not paced["missed"] and p99 is not None and p99 <= HELD_MS
+
+
+def _load(
+    node: str, bases: list[str], pids: list[int], config: DurableConfig, prefix: str, part: str
+) -> dict[str, Any]:
+    """One part of the load on the server at ``bases`` (its processes ``pids``), with the
+    server's CPU and write transactions during it."""
+    options = {
+        "bases": bases,
+        "prefix": prefix,
+        "connections": list(config.connections),
+        "seconds": config.seconds,
+        "payload": config.payload,
+        "readMegabytes": config.read_megabytes,
+        "readers": config.readers,
+        "latencyStreams": config.latency_streams,
+        "interval": config.interval,
+        "pacedStreams": config.paced_streams,
+        "part": part,
+    }
+    counters = _Counters(pids)
+    errors = tempfile.TemporaryFile("w+")  # not a pipe: nobody reads it while the load runs
+    command = [node, "durable_load.mjs", json.dumps(options)]
+    load = subprocess.Popen(command, cwd=NODE, stdout=subprocess.PIPE, stderr=errors, text=True)
+    server: dict[str, dict[str, float]] = {}
+    last = ""
+    try:
+        assert load.stdout is not None
+        for line in load.stdout:  # bounded by the load's own parts; the timeout below
+            if line.startswith("mark "):
+                _, part, phase = line.split()
+                if phase == "start":
+                    counters.start(part)
+                else:
+                    server[part] = counters.end(part)
+            elif line.strip():
+                last = line
+        load.wait(600)
+    finally:
+        if load.poll() is None:
+            load.kill()
+        counters.close()
+    if load.returncode != 0:
+        errors.seek(0)
+        raise RuntimeError(f"the load failed: {errors.read()[-2000:]}")
+    errors.close()
+    report = json.loads(last)
+    report["server"] = server
+    return report
+
+
+class _Counters:
+    """The server's CPU seconds and Postgres's write transactions, read around each part."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.processes = [psutil.Process(pid) for pid in pids]
+        self.conn = psycopg.connect(**db.connect_kwargs(conf.database(), "bench counters"))  # autocommit
+        self.began: dict[str, tuple[float, float, int]] = {}
+
+    def _read(self) -> tuple[float, float, int]:
+        cpu = 0.0
+        for process in self.processes:
+            for p in [process, *process.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    times = p.cpu_times()
+                    cpu += times.user + times.system
+        (xid,) = self.conn.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text").fetchone()
+        return time.monotonic(), cpu, int(xid)
+
+    def start(self, part: str) -> None:
+        self.began[part] = self._read()
+
+    def end(self, part: str) -> dict[str, float]:
+        (t0, cpu0, xid0), (t1, cpu1, xid1) = self.began.pop(part), self._read()
+        return {"seconds": t1 - t0, "cpu_seconds": cpu1 - cpu0, "write_transactions": xid1 - xid0}
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+@contextmanager
+def _reference() -> Iterator[tuple[list[str], list[int]]]:
+    port = _free_port()
+    with tempfile.TemporaryDirectory(prefix="pgstreams-bench-reference-") as data:
+        server = subprocess.Popen(
+            ["node", "reference_server.mjs", str(port), data],
+            cwd=NODE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            _wait_for_port(port, _Alive(server))
+            yield [f"http://127.0.0.1:{port}"], [server.pid]
+        finally:
+            server.terminate()
+            server.wait(10)
+
+
+@contextmanager
+def _daphnes(n: int, settle: float) -> Iterator[tuple[list[str], list[int]]]:
+    """``n`` daphne processes of this project on their own ports, the endpoint open to anyone,
+    ``settle`` seconds after the last has opened its port."""
+    ctx = multiprocessing.get_context("spawn")
+    settings_for_children = boot("buffered")
+    settings_for_children.pgstreams = {
+        **settings_for_children.pgstreams,
+        "DURABLE_AUTHORIZE": "demo_project.chat.durable.allow_everything",
+    }
+    ports = [_free_port() for _ in range(n)]
+    servers = [
+        ctx.Process(target=procs.server, args=(settings_for_children, port), name=f"pgstreams-bench-daphne-{i}")
+        for i, port in enumerate(ports)
+    ]
+    try:
+        for server, port in zip(servers, ports, strict=True):
+            server.start()
+            _wait_for_port(port, server)
+        time.sleep(settle)
+        pids = [server.pid for server in servers if server.pid is not None]
+        yield [f"http://127.0.0.1:{port}/pgstreams" for port in ports], pids
+    finally:
+        for server in servers:
+            server.terminate()
+            server.join(10)
+            if server.is_alive():
+                server.kill()
+
+
+@contextmanager
+def _served(server: str) -> Iterator[tuple[list[str], list[int]]]:
+    """One process of ``server`` (uvicorn, granian) serving the demo's application, the
+    endpoint open to anyone; its processes are the server's and its workers."""
+    from .fanout import serving  # which imports this module
+
+    with serving(server, "demo_project.asgi:application") as (base, process):
+        yield [f"{base}/pgstreams"], [process.pid, *(child.pid for child in process.children(recursive=True))]
+
+
+class _Alive:
+    """A subprocess as ``_wait_for_port`` asks about it."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self.process = process
+
+    def is_alive(self) -> bool:
+        return self.process.poll() is None
 
 
 def table(report: dict[str, Any]) -> str:
