@@ -325,7 +325,7 @@ def table(report: dict[str, Any]) -> str:
                     _best(r)["appends_per_second"] * r["server"][f"paced-{_best(r)['rate']:g}"]["seconds"],
                 ),
             ),
-            ("token per POST, the next rate: appends/s of offered (failed, missed)", _not_held),
+            ("token per POST, the next rate: appends/s of offered (failed, missed), answered p99", _not_held),
         ]
     for live in ("long_poll", "sse"):
         label = "long-poll" if live == "long_poll" else "SSE"
@@ -370,7 +370,7 @@ def _not_held(run: dict[str, Any]) -> str:
         return f"{paced['rate']:g}/s each: the server went down"
     return (
         f"{paced['appends_per_second']:,.0f} of {paced['offered_per_second']:,.0f} "
-        f"({paced['failed']}, {paced['missed']})"
+        f"({paced['failed']}, {paced['missed']}), answered p99 {_ms(paced['answered_ms']).split(' / ')[-1]} ms"
     )
 
 
