@@ -8,12 +8,13 @@ twenty hops a request with Django's default stack, which measured 110 trivial re
 process on a 2-CPU machine, and those hops run on a thread of the request's own, kept until its
 response ends: 2,000 threads for 2,000 open SSE responses. The shortcut is Django's own ASGI
 handler (its ``handle()``: the body, the request signals, the URL resolver, exceptions,
-disconnects, the response and its close, as each Django version has them) with one difference:
-it calls the hooks of the middleware it knows (``KNOWN``) on the event loop, and hops to
-``sync_to_async``'s one thread (where the request signals' receivers then run, as on a request's
-own thread) only for a hook that may query the database (``_QUERIES``: a session's save, a
-user's load). So it answers as Django does, proven by sending the same requests both ways
-(``tests/test_shortcut.py``).
+disconnects, the response and its close, as each Django version has them) with these
+differences: it calls the hooks of the middleware it knows (``KNOWN``) on the event loop, and
+hops to ``sync_to_async``'s one thread only for a hook that may query the database
+(``_QUERIES``: a session's save, a user's load); it sends the request signals, and remembers a
+path's resolution, as ``cycle`` says (on the event loop, once per path, where that is the same);
+it makes ``MessageMiddleware``'s storage when first used, where making it cannot fail. So it
+answers as Django does, proven by sending the same requests both ways (``tests/test_shortcut.py``).
 
 Not here: middleware it does not know. When ``MIDDLEWARE`` holds one (a token authentication, a
 remote user, a project's own), it does not guess: the endpoint's requests go through Django,
@@ -70,9 +71,12 @@ def _session_saved(request: Any) -> bool:
 def _messages_stored(request: Any) -> bool:
     """MessageMiddleware's response stores messages used or added (in the session, maybe)."""
     storage = getattr(request, "_messages", None)
-    if isinstance(storage, SimpleLazyObject) and storage._wrapped is empty:
-        return False  # never made: nothing used or added
-    return storage is not None and (storage.used or storage.added_new)
+    return storage is not None and not _unmade(storage) and (storage.used or storage.added_new)
+
+
+def _unmade(storage: Any) -> bool:
+    """``_LazyMessages``' storage, not made yet: nothing used or added."""
+    return isinstance(storage, SimpleLazyObject) and storage._wrapped is empty
 
 
 class _LazyMessages(MessageMiddleware):
@@ -86,8 +90,7 @@ class _LazyMessages(MessageMiddleware):
         request._messages = SimpleLazyObject(functools.partial(default_storage, request))
 
     def process_response(self, request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
-        storage = getattr(request, "_messages", None)
-        if isinstance(storage, SimpleLazyObject) and storage._wrapped is empty:
+        if _unmade(getattr(request, "_messages", None)):
             return response
         return super().process_response(request, response)
 

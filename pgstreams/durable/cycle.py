@@ -207,7 +207,9 @@ def _resolved(resolver: URLResolver, path: str) -> ResolverMatch:
 def _by_path_alone(resolver: URLResolver) -> bool:
     """Whether ``resolver`` answers by the path alone: its patterns, all the way down, Django's
     route and regex patterns, with Django's converters."""
-    return _plain(resolver.pattern) and all(
+    if type(resolver) is not URLResolver or not _plain(resolver.pattern):  # a subclass may resolve otherwise
+        return False
+    return all(
         _by_path_alone(entry) if isinstance(entry, URLResolver) else type(entry) is URLPattern and _plain(entry.pattern)
         for entry in resolver.url_patterns
     )
