@@ -35,17 +35,18 @@ from django.core.cache import caches
 from django.core.cache.backends.locmem import LocMemCache
 from django.core.handlers.asgi import ASGIHandler
 from django.core.signals import request_finished, request_started
-from django.db import connection
+from django.db import connection, connections
 from django.http import HttpResponse
 from django.test import Client, override_settings
 from django.urls import include, register_converter
 from django.urls import path as route
-from django.utils import timezone
+from django.utils import timezone, translation
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 import pgstreams
+from pgstreams.durable import cycle
 from pgstreams.durable.asgi import DurableStreamsFirst
 from pgstreams.models import Stream
 
@@ -131,10 +132,20 @@ class Hops(ThreadPoolExecutor):
 
 @pytest.fixture
 def hops(monkeypatch: pytest.MonkeyPatch) -> Iterator[Hops]:
+    """``sync_to_async``'s one thread replaced by a counting one for the test, each of them with
+    no connection open when it is set aside (none left for the request signals to close)."""
+    SyncToAsync.single_thread_executor.submit(connections.close_all).result(10)
     executor = Hops()
     monkeypatch.setattr(SyncToAsync, "single_thread_executor", executor)
     yield executor
+    executor.submit(connections.close_all).result(10)
     executor.shutdown()
+
+
+def no_connection_open() -> None:
+    """Hold that no Django connection outside pgstreams' threads is open (where one is, the
+    request signals go by Django's hop, as they should), saying whose."""
+    assert cycle._opened.idle(), f"connections open elsewhere: {list(cycle._opened.wrappers)}"
 
 
 @dataclasses.dataclass
@@ -636,6 +647,7 @@ async def test_an_anonymous_append_sends_the_request_signals_without_a_threads_h
         project = Project()
         shortcut = project.sides["shortcut"]
         await project.agree("PUT", f"{ENDPOINT}hops/{{side}}", TEXT)
+        no_connection_open()
         before = hops.count
         assert (await shortcut.send("PUT", f"{ENDPOINT}hops/alone", TEXT, b"")).status_code == 201
         for _ in range(3):
@@ -739,6 +751,7 @@ async def test_a_request_that_received_files_is_closed_off_the_event_loop_and_an
     with override_settings(PGSTREAMS=ANYONE):
         project = Project()
         await csrf_token(project)  # the cookie, without the header
+        no_connection_open()
         for files, hopped in ((False, 0), (True, 1)):
             before = hops.count
             refused = await project.agree("POST", f"{ENDPOINT}files/{{side}}", form, body if files else "")
@@ -759,3 +772,46 @@ async def test_messages_kept_in_a_session_without_session_middleware_fail_every_
     with override_settings(MIDDLEWARE=middleware, MESSAGE_STORAGE=storage, PGSTREAMS=ANYONE):
         answer = await Project().agree("GET", f"{ENDPOINT}no-sessions/{{side}}?offset=-1")
         assert answer.status_code == status
+
+
+async def test_a_long_paths_resolution_is_not_remembered_and_answers_alike() -> None:
+    """Paths are remembered up to ``cycle.PATH_CHARS`` long: a client sending long unique paths
+    makes the process hold none of them."""
+    with override_settings(PGSTREAMS=ANYONE):
+        project = Project()
+        await project.agree("GET", f"{ENDPOINT}short/{{side}}?offset=-1")
+        remembered = cycle._resolved.cache_info().currsize
+        for i in range(3):
+            long = f"{ENDPOINT}{i}-{'x' * cycle.PATH_CHARS}/{{side}}?offset=-1"
+            assert (await project.agree("GET", long)).status_code == 404
+        assert cycle._resolved.cache_info().currsize == remembered
+
+
+def notes_its_match(request: Any, action: str, path: str, stream: Any) -> bool:
+    """A rule that marks the request's match (as instrumentation might), and allows a request
+    whose match it finds unmarked."""
+    names = request.resolver_match.app_names
+    if not getattr(request, "noted", False):  # once a request, however often the rule is asked
+        request.noted = True
+        names.append("asked")
+    return names.count("asked") == 1
+
+
+async def test_each_request_has_a_match_of_its_own_both_ways() -> None:
+    """A path's remembered match is copied whole for each request: what one request does to its
+    ``resolver_match`` (its lists as well as its dicts) no other sees."""
+    with override_settings(PGSTREAMS=rule("notes_its_match")):
+        project = Project()
+        for status in (201, 200):
+            assert (await project.agree("PUT", f"{ENDPOINT}noted/{{side}}", TEXT)).status_code == status
+
+
+@override_settings(ROOT_URLCONF="tests.translated_urls", PGSTREAMS=ANYONE, USE_I18N=True)
+async def test_a_translated_route_before_the_endpoint_follows_the_active_language_both_ways() -> None:
+    """A route translated with ``gettext_lazy`` is compiled for the active language: the path it
+    takes in German is the endpoint's in English, both ways, whatever was resolved before."""
+    project = Project()
+    for language, answer in (("en", 404), ("de", "translated"), ("en", 404)):
+        with translation.override(language):
+            got = await project.agree("GET", f"{ENDPOINT}Mitteilungen/{{side}}?offset=-1")
+            assert got.status_code == answer if language == "en" else got.text == answer

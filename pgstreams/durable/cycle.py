@@ -19,10 +19,10 @@ handler does. Measured: the two hops were about a fifth of an append's CPU.
 
 A path's resolution depends on the path alone when the URLconf's patterns, all the way down,
 are Django's route and regex patterns with Django's own converters: no language prefix of
-``i18n_patterns`` (it follows the active language), no converter of a project's (its
-``to_python`` may answer otherwise another time). Then the walk over the URLconf (about a tenth
-of an append's CPU, much of it building the list of patterns tried) is made once per path, and
-each request gets its own copy of the match.
+``i18n_patterns`` nor translated route (they follow the active language), no converter of a
+project's (its ``to_python`` may answer otherwise another time). Then the walk over the URLconf (about a tenth
+of an append's CPU, much of it building the list of patterns tried) is made once per path of up
+to PATH_CHARS, and each request gets its own copy of the match.
 
 Not here: anything else of ``handle()``; the response's close still closes what it would,
 on the event loop only when that is the request's body (no uploaded files, no file response).
@@ -30,6 +30,7 @@ on the event loop only when that is the request's body (no uploaded files, no fi
 
 from __future__ import annotations
 
+import copy
 import functools
 import threading
 import types
@@ -55,8 +56,10 @@ from django.urls.resolvers import RegexPattern, ResolverMatch, RoutePattern
 # thread it runs on, or on the request's context, and on nothing else.
 DJANGOS_RECEIVERS: Final = frozenset({reset_queries, close_old_connections, close_caches, reset_urlconf})
 DJANGOS_CONVERTERS: Final = frozenset({IntConverter, StringConverter, UUIDConverter, SlugConverter, PathConverter})
-# Paths whose resolution a process remembers (the least used forgotten first).
+# Paths whose resolution a process remembers (the least used forgotten first), each at most
+# PATH_CHARS long (a longer one is resolved afresh): a few MB at most, whatever clients send.
 PATHS: Final = 4096
+PATH_CHARS: Final = 256
 
 
 class _Opened:
@@ -73,10 +76,13 @@ class _Opened:
                 self.wrappers.add(connection)
 
     def idle(self) -> bool:
-        """None of them is open or holds logged queries."""
+        """None of them is open or holds logged queries. Those that are neither are forgotten:
+        one can log a query only once open again, and opening it sends ``connection_created``."""
         with self.lock:
-            wrappers = list(self.wrappers)
-        return all(wrapper.connection is None and not wrapper.queries_log for wrapper in wrappers)
+            for wrapper in list(self.wrappers):
+                if wrapper.connection is None and not wrapper.queries_log:
+                    self.wrappers.discard(wrapper)
+            return not self.wrappers
 
 
 _opened = _Opened()
@@ -184,7 +190,7 @@ def resolve(request: HttpRequest) -> ResolverMatch | None:
     """Django's ``resolver.resolve(request.path_info)`` for the project's URLconf, remembered per
     path where the URLconf allows (a copy for each request); None where it does not (a request
     with its own ``urlconf``, a URLconf with patterns or converters of a project's)."""
-    if hasattr(request, "urlconf"):
+    if hasattr(request, "urlconf") or len(request.path_info) > PATH_CHARS:
         return None
     resolver = get_resolver()
     if not _by_path_alone(resolver):
@@ -192,9 +198,9 @@ def resolve(request: HttpRequest) -> ResolverMatch | None:
     remembered = _resolved(resolver, request.path_info)
     match = object.__new__(ResolverMatch)  # a copy (copy.copy refuses, as pickling does)
     match.__dict__.update(vars(remembered))
-    for name in ("kwargs", "captured_kwargs", "extra_kwargs"):  # the dicts a middleware may change
-        if isinstance(value := getattr(remembered, name, None), dict):
-            setattr(match, name, dict(value))
+    for name, value in vars(remembered).items():  # its own dicts and lists, which a request may change
+        if isinstance(value, dict | list):
+            setattr(match, name, copy.copy(value))
     return match
 
 
@@ -216,6 +222,9 @@ def _by_path_alone(resolver: URLResolver) -> bool:
 
 
 def _plain(pattern: Any) -> bool:
+    """A route or regex pattern of Django's, of a plain string (a translated one, lazy, is
+    compiled for the active language), with Django's converters."""
     if type(pattern) is RoutePattern:
-        return all(type(converter) in DJANGOS_CONVERTERS for converter in pattern.converters.values())
-    return type(pattern) is RegexPattern
+        converters = pattern.converters.values()
+        return isinstance(pattern._route, str) and all(type(c) in DJANGOS_CONVERTERS for c in converters)
+    return type(pattern) is RegexPattern and isinstance(pattern._regex, str)
