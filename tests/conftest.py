@@ -45,7 +45,24 @@ def _stop_background_threads(django_db_setup: None, django_db_blocker) -> Iterat
         left = _other_sessions(deadline=time.monotonic() + 10)
         connections.close_all()
     if left:
-        pytest.fail(f"still connected to the test database when the session ended: {left}", pytrace=False)
+        pytest.fail(
+            f"still connected to the test database when the session ended: {left}; Django connections open "
+            f"outside pgstreams' threads, by thread: {_open_django_connections()}",
+            pytrace=False,
+        )
+
+
+def _open_django_connections() -> list[tuple[str, str]]:
+    """Django's connections still open on threads other than pgstreams' own (the shortcut's
+    request cycle tracks them): each one's thread, and its alias."""
+    from pgstreams.durable import cycle
+
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    return [
+        (names.get(wrapper._thread_ident, "a thread that ended"), wrapper.alias)
+        for wrapper in list(cycle._opened.wrappers)
+        if wrapper.connection is not None
+    ]
 
 
 def _other_sessions(deadline: float) -> list[tuple[Any, ...]]:

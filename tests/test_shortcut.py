@@ -80,10 +80,14 @@ def rule(name: str) -> dict[str, Any]:
 
 @pytest.fixture
 def as_in_a_server() -> Iterator[None]:
-    """The event loop's thread (this one) with no connection of Django's open, as in a server
-    (Django allows no query there): where one is open, the shortcut sends the request signals by
-    Django's hop (``cycle.sent_here``), and the tests would meet only that way."""
-    connection.close()
+    """The event loop's thread (this one) with no connection of Django's open, to any database
+    (a session's fixture may have left one), as in a server (Django allows no query there):
+    where one is open, the shortcut sends the request signals by Django's hop
+    (``cycle.sent_here``), and the tests would meet only that way."""
+    connections.close_all()
+    for wrapper in list(cycle._opened.wrappers):  # aliases a session's fixture took out of settings, too
+        if wrapper._thread_ident == threading.get_ident():
+            wrapper.close()
     yield
 
 
@@ -145,7 +149,9 @@ def hops(monkeypatch: pytest.MonkeyPatch) -> Iterator[Hops]:
 def no_connection_open() -> None:
     """Hold that no Django connection outside pgstreams' threads is open (where one is, the
     request signals go by Django's hop, as they should), saying whose."""
-    assert cycle._opened.idle(), f"connections open elsewhere: {list(cycle._opened.wrappers)}"
+    threads = {thread.ident: thread.name for thread in threading.enumerate()}
+    whose = [threads.get(wrapper._thread_ident, "a thread that ended") for wrapper in cycle._opened.wrappers]
+    assert cycle._opened.idle(), f"Django connections open on: {whose}"
 
 
 @dataclasses.dataclass
