@@ -319,11 +319,7 @@ def table(report: dict[str, Any]) -> str:
             ("token per POST at that rate: delivered over SSE p50 / p99 ms", lambda r: _ms(_best(r)["delivered_ms"])),
             (
                 "token per POST at that rate: appends per write transaction, server CPU per append",
-                lambda r: _per_append(
-                    r,
-                    f"paced-{_best(r)['rate']:g}",
-                    _best(r)["appends_per_second"] * r["server"][f"paced-{_best(r)['rate']:g}"]["seconds"],
-                ),
+                _best_per_append,
             ),
             ("token per POST, the next rate: appends/s of offered (failed, missed), answered p99", _not_held),
         ]
@@ -355,11 +351,18 @@ def _best(run: dict[str, Any]) -> dict[str, Any]:
     return held[-1]
 
 
+def _best_per_append(run: dict[str, Any]) -> str:
+    best = _best(run)
+    part = f"paced-{best['rate']:g}"
+    return _per_append(run, part, best["appends_per_second"] * run["server"][part]["seconds"])
+
+
 def _most_held(run: dict[str, Any]) -> str:
-    held = [paced for paced in run["paced"] if _held(paced)]
-    if not held:
+    try:
+        best = _best(run)
+    except KeyError:
         return "none"
-    return f"{held[-1]['appends_per_second']:,.0f} ({held[-1]['rate']:g}/s)"
+    return f"{best['appends_per_second']:,.0f} ({best['rate']:g}/s)"
 
 
 def _not_held(run: dict[str, Any]) -> str:
@@ -370,7 +373,7 @@ def _not_held(run: dict[str, Any]) -> str:
         return f"{paced['rate']:g}/s each: the server went down"
     return (
         f"{paced['appends_per_second']:,.0f} of {paced['offered_per_second']:,.0f} "
-        f"({paced['failed']}, {paced['missed']}), answered p99 {_ms(paced['answered_ms']).split(' / ')[-1]} ms"
+        f"({paced['failed']}, {paced['missed']}), answered p99 {paced['answered_ms']['p99']:.1f} ms"
     )
 
 
@@ -410,5 +413,5 @@ def _per_append(run: dict[str, Any], part: str, appends: float) -> str:
     if not counted or not appends:
         return "-"
     per_transaction = appends / counted["write_transactions"] if counted["write_transactions"] > 10 else None
-    cpu = f"{counted['cpu_seconds'] / appends * 1e6:,.0f} us"
+    cpu = _cpu_per(run, part, appends)
     return f"{per_transaction:,.1f}, {cpu}" if per_transaction is not None else f"-, {cpu}"

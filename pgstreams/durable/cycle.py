@@ -196,11 +196,9 @@ def resolve(request: HttpRequest) -> ResolverMatch | None:
     if not _by_path_alone(resolver):
         return None
     remembered = _resolved(resolver, request.path_info)
-    match = object.__new__(ResolverMatch)  # a copy (copy.copy refuses, as pickling does)
-    match.__dict__.update(vars(remembered))
-    for name, value in vars(remembered).items():  # its own dicts and lists, which a request may change
-        if isinstance(value, dict | list):
-            setattr(match, name, copy.copy(value))
+    match = object.__new__(ResolverMatch)  # a copy (copy.copy refuses, as pickling does), with
+    # its own dicts and lists, which a request may change
+    match.__dict__.update({k: copy.copy(v) if isinstance(v, dict | list) else v for k, v in vars(remembered).items()})
     return match
 
 
