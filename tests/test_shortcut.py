@@ -12,10 +12,12 @@ cursor's interval, a CSP nonce, a per-side stream's ETag), is compared by its pr
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import difflib
 import re
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +31,7 @@ from asgiref.sync import SyncToAsync, sync_to_async
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import get_user_model
+from django.contrib.sessions.backends.db import SessionStore
 from django.contrib.sessions.models import Session
 from django.core.asgi import get_asgi_application
 from django.core.cache import caches
@@ -821,3 +824,58 @@ async def test_a_translated_route_before_the_endpoint_follows_the_active_languag
         with translation.override(language):
             got = await project.agree("GET", f"{ENDPOINT}Mitteilungen/{{side}}?offset=-1")
             assert (got.status_code == answer) if language == "en" else (got.text == answer)
+
+
+async def disconnecting_post(app: Any, path: str, after: float) -> None:
+    """A POST whose client leaves ``after`` seconds after sending its body."""
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"text/plain")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }
+    received = 0
+
+    async def receive() -> dict[str, Any]:
+        nonlocal received
+        received += 1
+        if received == 1:
+            return {"type": "http.request", "body": b"x", "more_body": False}
+        await asyncio.sleep(after)
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        pass
+
+    await app(scope, receive, send)
+
+
+@pytest.mark.parametrize("side", ["django", "shortcut"])
+async def test_a_client_leaving_while_its_session_is_saved_leaves_no_connection_open(
+    side: str, hops: Hops, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rule modifies the session, whose save (on a thread) opens a connection after the
+    client has left and the request was cancelled: ``request_finished``, which Django then sends
+    by a hop queued behind the save, closes it (``CONN_MAX_AGE = 0``), both ways. (Sent on the
+    event loop, it found nothing open yet, and the connection stayed open.)"""
+    with override_settings(PGSTREAMS=rule("counting")):
+        app = Project().sides[side].app
+        no_connection_open()
+        save = SessionStore.save
+
+        def slow_save(self: Any, *args: Any, **kwargs: Any) -> Any:
+            time.sleep(0.6)  # the client leaves meanwhile
+            return save(self, *args, **kwargs)
+
+        monkeypatch.setattr(SessionStore, "save", slow_save)
+        await disconnecting_post(app, f"{ENDPOINT}left/{side}", after=0.2)
+        await asyncio.sleep(1.5)  # the save done, and whatever was queued behind it
+        no_connection_open()

@@ -57,8 +57,9 @@ from django.urls.resolvers import RegexPattern, ResolverMatch, RoutePattern
 DJANGOS_RECEIVERS: Final = frozenset({reset_queries, close_old_connections, close_caches, reset_urlconf})
 DJANGOS_CONVERTERS: Final = frozenset({IntConverter, StringConverter, UUIDConverter, SlugConverter, PathConverter})
 # Paths whose resolution a process remembers (the least used forgotten first), each at most
-# PATH_CHARS long (a longer one is resolved afresh): a few MB at most, whatever clients send.
-PATHS: Final = 4096
+# PATH_CHARS long (a longer one is resolved afresh): about 6 MB at most whatever clients send
+# (a match of a 256-character path of four-byte characters holds about 6 KB).
+PATHS: Final = 1024
 PATH_CHARS: Final = 256
 
 
@@ -114,11 +115,12 @@ class _RequestSignal:
 
     ACTING_HERE: Final = frozenset({reset_urlconf})
 
-    def __init__(self, signal: Signal) -> None:
+    def __init__(self, signal: Signal, *, asend_here: bool) -> None:
         self.signal = signal
+        self.asend_here = asend_here
 
     async def asend(self, sender: Any, **named: Any) -> list[tuple[Any, Any]]:
-        if sent_here(self.signal):
+        if self.asend_here and sent_here(self.signal):
             return self.send(ASGIHandler, **named)
         return await self.signal.asend(ASGIHandler, **named)
 
@@ -129,8 +131,11 @@ class _RequestSignal:
 
 
 _SIGNALS = types.SimpleNamespace(
-    request_started=_RequestSignal(signals.request_started),
-    request_finished=_RequestSignal(signals.request_finished),
+    request_started=_RequestSignal(signals.request_started, asend_here=True),
+    # handle() asends request_finished only for a request cancelled before its response (the
+    # client left): a hook's hop of its (a session's save) may still be running, about to open
+    # a connection, so it goes by Django's hop, queued behind that one, which then closes it.
+    request_finished=_RequestSignal(signals.request_finished, asend_here=False),
 )
 
 
