@@ -69,6 +69,19 @@ class Injections:
         slot.kill(restart_in=rng.uniform(0.2, 1.5))
         return f"SIGKILL {slot.name}-{slot.incarnation}"
 
+    def stop(self, roles: tuple[str, ...], rng: random.Random) -> str:
+        """SIGSTOP a process for up to twice QUERY_TIMEOUT: its backends wait on it (a writer
+        stopped in a transaction holds its streams' rows), its listener's session may be left
+        blocked writing, and it finds its connections timed out or dropped when it runs again."""
+        alive = [s for s in self.processes.of(*roles) if s.alive() and not s.finished]
+        if not alive:
+            raise NotInjected("no such process alive")
+        slot, seconds = rng.choice(alive), rng.uniform(0.3, 2 * QUERY_TIMEOUT)
+        name = f"{slot.name}-{slot.incarnation}"
+        if slot.stop_for(seconds) is None:
+            raise NotInjected(f"{name} had exited")
+        return f"SIGSTOP {name} for {seconds:.2f} s"
+
     def terminate_backend(self, role: str, rng: random.Random) -> str:
         with self.server_lock, self._db() as conn:
             found = conn.execute(
@@ -151,6 +164,8 @@ KINDS: dict[str, tuple[float, Callable[[Injections, random.Random], str]]] = {
     "kill-writer": (2.0, lambda f, rng: f.kill(("writer",), rng)),
     "kill-reader": (2.0, lambda f, rng: f.kill(("reader", "clients"), rng)),
     "kill-daphne": (1.5, lambda f, rng: f.kill(("daphne",), rng)),
+    "stop-writer": (1.0, lambda f, rng: f.stop(("writer",), rng)),
+    "stop-reader": (1.0, lambda f, rng: f.stop(("reader", "clients"), rng)),
     **{f"terminate-{role}": (1.0, _terminate(role)) for role in ROLES},
     "freeze": (1.5, Injections.freeze),
     "restart-server": (0.7, Injections.restart_server),

@@ -73,6 +73,21 @@ class Slot:
                 self.restart_at = time.monotonic() + restart_in
                 self.proc.kill()
 
+    def stop_for(self, seconds: float) -> int | None:
+        """SIGSTOP the process, then SIGCONT ``seconds`` later (a paused VM, a process starved
+        of CPU); its pid, or None if none was running. One killed meanwhile is left to its
+        restart."""
+        with self.lock:
+            if not self.alive():
+                return None
+            proc = self.proc
+            proc.send_signal(signal.SIGSTOP)
+        time.sleep(seconds)
+        with self.lock:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+        return proc.pid
+
     def stderr_tail(self, size: int = 1500) -> str:
         path = self.logs / f"{self.name}-{self.incarnation}.err"
         return path.read_text(errors="replace")[-size:] if path.exists() else ""
