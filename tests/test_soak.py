@@ -20,10 +20,11 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess,
 
 SUMMARY = re.compile(r"soak: (\d+) faults \((\d+) kinds\), (\d+) chunks checked .*, (\d+) anomalies, seed (\d+)")
 SURVIVED = re.compile(r"soak: faults survived: (.*)")
-# A seed whose half minute schedules every kind this machine can inject (14 where a standby and a
-# restartable server exist), each stop twice: they find a process to stop whatever else happens.
-FIXED_SEED = 9160
-ALWAYS_FOUND = {"stop-writer", "stop-reader"}
+ANSWERS = re.compile(r"soak: generations: (\d+) answers checked")
+# A seed whose half minute schedules 14 of the 16 kinds where a standby and a restartable server
+# exist, each stop and the task workers' kill twice, apart: they find a process whatever else happens.
+FIXED_SEED = 93497
+ALWAYS_FOUND = {"stop-writer", "stop-reader", "kill-task-worker", "stop-task-worker"}
 
 
 @pytest.mark.parametrize("seed", [FIXED_SEED, random.randrange(10**6)], ids=["fixed-seed", "random-seed"])
@@ -38,7 +39,7 @@ def test_a_short_soak_under_every_fault_loses_and_doubles_nothing(seed: int) -> 
     summary = SUMMARY.search(done.stdout)
     assert done.returncode == 0 and summary, f"replay with --seed {seed}"
     faults, kinds, checked, anomalies, _ = map(int, summary.groups())
-    assert anomalies == 0 and faults > 0 and kinds > 0 and checked > 0
+    assert anomalies == 0 and faults > 0 and kinds > 0 and checked > 0 and int(ANSWERS.search(done.stdout)[1]) > 0
     if seed == FIXED_SEED:
         survived = {part.rsplit(" ", 1)[0] for part in SURVIVED.search(done.stdout).group(1).split(", ")}
         assert ALWAYS_FOUND <= survived

@@ -17,6 +17,10 @@ streams pruned during the run (the coordinator copied them before it pruned). Wh
   a stream got all of it (``ended-early``); only a pruned stream's readers may be told it is gone
   or pruned (``false-gone``); a reader never fails otherwise (``reader-error``) and never leaves a
   session unended unless it was killed (``unfinished-session``).
+- Generations: every answer the task workers wrote is whole, once: closed, its chunks exactly
+  ``"0 "`` to ``"<n-1> "`` then ``"end"`` (``generation-unfinished``, ``generation-repeated``
+  when a chunk is stored twice, as a fenced run's write would be, ``generation-not-whole``
+  otherwise), and every generation a writer started is in the table (``generation-vanished``).
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ EXAMPLES = 5  # examples kept per anomaly kind
 class Verdict:
     written: int = 0  # chunks stored (and pruned), each checked against the writers' record
     delivered: int = 0  # chunks delivered to readers, each checked against the truth
+    generations: int = 0  # answers checked
+    takeovers: int = 0  # of those answers, by the task workers
     attempts: Counter[str] = field(default_factory=Counter)  # by kind and outcome
     sessions: Counter[str] = field(default_factory=Counter)  # by reader kind and ending
     anomalies: Counter[str] = field(default_factory=Counter)
@@ -53,6 +59,16 @@ class Truth:
     next_offsets: dict[str, int]  # of the streams in the table at the end
     pruned: set[str]
     created: set[str]
+    generations: dict[str, Answer] = field(default_factory=dict)  # by path
+
+
+@dataclass
+class Answer:
+    """A generation as the table has it at the end."""
+
+    closed: bool
+    attempts: int  # runs of its task: 1, and one more for each takeover
+    chunks: list[str]
 
 
 def _events(run_dir: Path) -> dict[str, list[dict[str, Any]]]:
@@ -79,7 +95,24 @@ def check(run_dir: Path, truth: Truth) -> Verdict:
     _check_table(truth, where, verdict)
     _check_writers(logs, truth, where, verdict)
     _check_readers(logs, truth, verdict)
+    _check_generations(logs, truth, verdict)
     return verdict
+
+
+def _check_generations(logs: dict[str, list[dict[str, Any]]], truth: Truth, verdict: Verdict) -> None:
+    for path, answer in truth.generations.items():
+        verdict.generations += 1
+        verdict.takeovers += answer.attempts - 1
+        chunks = answer.chunks
+        whole = [f"{i} " for i in range(int(path.rsplit("/", 1)[1]))] + ["end"]
+        if not answer.closed:
+            verdict.anomaly("generation-unfinished", f"{path}: {len(chunks)} chunks, open")
+        elif chunks != whole:
+            kind = "generation-repeated" if len(set(chunks)) < len(chunks) else "generation-not-whole"
+            verdict.anomaly(kind, f"{path}: {chunks[:8]}...{chunks[-3:]} ({len(chunks)} chunks)")
+    started = {e["s"] for events in logs.values() for e in events if e["e"] == "generation"}
+    for path in sorted(started - set(truth.generations)):
+        verdict.anomaly("generation-vanished", f"{path} was started, and is not in the table")
 
 
 def _check_table(truth: Truth, where: dict[str, list[tuple[str, int]]], verdict: Verdict) -> None:

@@ -24,7 +24,7 @@ from bench import pgserver
 from bench.proxy import FreezingProxy
 
 from .processes import QUERY_TIMEOUT, Processes
-from .record import LABEL, Log
+from .record import GENERATION_LABEL, LABEL, Log
 
 ROLES = ("listener", "fetcher", "flusher", "appender")
 FROZEN_FOR = 3 * QUERY_TIMEOUT  # a frozen connection is dropped after this (its client gave up on it)
@@ -131,6 +131,16 @@ class Injections:
                     'SELECT "offset", data FROM pgstreams_chunk WHERE stream_id = %s ORDER BY "offset"', [sid]
                 ).fetchall()
                 self.log(e="pruning", s=path, chunks=rows)
+            answers = conn.execute(
+                "SELECT id, path, (metadata->'pgstreams_generation'->>'attempt')::int FROM pgstreams_stream"
+                " WHERE label = %s AND closed_at < %s",
+                [GENERATION_LABEL, cutoff],
+            ).fetchall()
+            for sid, path, attempts in answers:  # pruned too: the check reads their copies
+                rows = conn.execute(
+                    'SELECT data FROM pgstreams_chunk WHERE stream_id = %s ORDER BY "offset"', [sid]
+                ).fetchall()
+                self.log(e="pruning-generation", s=path, attempts=attempts, chunks=[data for (data,) in rows])
         batch = rng.choice((25, 200, 10_000))
         try:
             done = maintenance.prune(cutoff, batch=batch, using="soak")
@@ -166,6 +176,8 @@ KINDS: dict[str, tuple[float, Callable[[Injections, random.Random], str]]] = {
     "kill-daphne": (1.5, lambda f, rng: f.kill(("daphne",), rng)),
     "stop-writer": (1.0, lambda f, rng: f.stop(("writer",), rng)),
     "stop-reader": (1.0, lambda f, rng: f.stop(("reader", "clients"), rng)),
+    "kill-task-worker": (1.5, lambda f, rng: f.kill(("worker",), rng)),
+    "stop-task-worker": (1.5, lambda f, rng: f.stop(("worker",), rng)),
     **{f"terminate-{role}": (1.0, _terminate(role)) for role in ROLES},
     "freeze": (1.5, Injections.freeze),
     "restart-server": (0.7, Injections.restart_server),

@@ -24,7 +24,7 @@ from typing import Any
 from psycopg.conninfo import make_conninfo
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-WRITERS, READERS, CLIENTS, DAPHNES = 2, 2, 1, 2
+WRITERS, READERS, CLIENTS, DAPHNES, TASK_WORKERS = 2, 2, 1, 2, 2
 QUERY_TIMEOUT = 2.0
 # The settings of every soak process: failures noticed within seconds, polls often.
 PGSTREAMS = {"QUERY_TIMEOUT": QUERY_TIMEOUT, "LISTEN_CHECK_INTERVAL": 2.0, "POLL_INTERVAL": 0.5, "CONNECT_TIMEOUT": 2}
@@ -100,6 +100,7 @@ class Processes:
         self.slots = slots
         self.settling = settling
         self.crashes: list[str] = []
+        self.lost_database: list[str] = []  # task workers that exited as their database went away
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._supervise, name="soak-supervisor", daemon=True)
 
@@ -124,7 +125,8 @@ class Processes:
                         if code == 0 and self.settling() and slot.role != "daphne":
                             slot.finished = True
                             continue
-                        self.crashes.append(f"{slot.name}-{slot.incarnation} exited {code}: {slot.stderr_tail()}")
+                        ended = f"{slot.name}-{slot.incarnation} exited {code}: {slot.stderr_tail()}"
+                        (self.lost_database if _lost_database(slot) else self.crashes).append(ended)
                         slot.restart_at = time.monotonic() + CRASH_PAUSE
                     if time.monotonic() >= slot.restart_at:
                         slot.start()
@@ -146,6 +148,17 @@ class Processes:
                     slot.proc.wait(10)
 
 
+def _lost_database(slot: Slot) -> bool:
+    """Whether ``slot`` is a task worker that exited on an error of its database connection:
+    django-tasks-db's ``db_worker`` does when it cannot record a task's outcome (the server
+    restarting, say), and a deployment's supervisor starts it again, as the soak's does."""
+    raised = [line for line in slot.stderr_tail().splitlines() if line and not line[0].isspace()]
+    return slot.role == "worker" and bool(raised) and raised[-1].startswith(LOST_DATABASE)
+
+
+LOST_DATABASE = ("django.db.utils.OperationalError", "django.db.utils.InterfaceError", "psycopg.OperationalError")
+
+
 def layout(
     run_dir: Path,
     seed: int,
@@ -154,7 +167,8 @@ def layout(
     standby: dict[str, Any] | None,
     ports: list[int],
 ) -> list[Slot]:
-    """The slots of a run: daphne on ``ports``, then writers, readers and clients; ``via`` is
+    """The slots of a run: daphne on ``ports``, then writers, readers, clients and the task
+    workers; ``via`` is
     the database entry through the freezing proxy, ``standby`` the standby's (or None)."""
     base = {
         **os.environ,
@@ -194,4 +208,14 @@ def layout(
     slots += [Slot("writer", i, worker("writers", i), proxied if i == 0 else plain, logs) for i in range(WRITERS)]
     slots += [Slot("reader", i, worker("readers", i), proxied if i == 0 else on_standby, logs) for i in range(READERS)]
     slots += [Slot("clients", i, worker("clients", i), plain, logs) for i in range(CLIENTS)]
+    slots += [Slot("worker", i, task_worker(i), plain, logs) for i in range(TASK_WORKERS)]
     return slots
+
+
+def task_worker(index: int) -> Callable[[int], list[str]]:
+    """A ``db_worker`` running the generations' tasks, named by its slot and incarnation."""
+    return lambda inc: [
+        sys.executable,
+        *("manage.py", "db_worker", "--no-reload", "--no-startup-delay", "--interval", "0.05"),
+        *("--worker-id", f"soak-worker{index}-{inc}"),
+    ]

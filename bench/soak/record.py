@@ -27,6 +27,16 @@ from typing import Any
 LABEL = "pgstreams soak"
 CONTENT_TYPE = "application/json"
 PHASE_FILE = "phase"  # "run" while writing, "settle" once writers must stop
+# Generations: answers written by the db_worker processes' tasks, each "0 ", "1 ", ... "<n-1> ",
+# then "end", its path ending with n. Labelled apart: no other writer, reader or prune meets them.
+GENERATION_LABEL = "pgstreams soak generation"
+GENERATIONS_PREFIX = "soak-generation/"
+GENERATION_CHUNKS = (10, 60)
+TOKEN_DELAY = 0.05  # seconds between two chunks of an answer, a model's pace
+GENERATION_LEASE = 2.0  # seconds: a worker stopped longer than this is taken over, then fenced
+GENERATION_QUEUE = 30.0  # seconds an attempt may wait for a worker
+GENERATION_ATTEMPTS = 1000  # never the last: every answer must end whole
+GAVE_UP = "gave up"
 LIST_SQL = (
     "SELECT id, path, next_offset, closed_at IS NOT NULL FROM pgstreams_stream"
     " WHERE label = %s AND deleted_at IS NULL ORDER BY created_at DESC LIMIT 48"

@@ -40,7 +40,7 @@ from pgstreams.durable import wire
 
 from . import check, faults, processes
 from .clients import PLAIN_WRITERS, PRODUCER_WRITERS
-from .record import CONTENT_TYPE, LABEL, PHASE_FILE, Log
+from .record import CONTENT_TYPE, GENERATION_LABEL, LABEL, PHASE_FILE, Log
 
 STREAMS = 12
 LIFETIME = (4.0, 30.0)  # seconds a stream stays open
@@ -62,6 +62,7 @@ class Outcome:
     verdict: check.Verdict
     tally: faults.Tally
     crashes: list[str]
+    lost_database: list[str]
     stuck: list[str]
     run_dir: Path
     seconds: float
@@ -250,6 +251,7 @@ class Soak:
         (self.run_dir / PHASE_FILE).write_text("settle")
         self._wait(self._writers_done, 90, "writers to stop")
         self._close_everything()
+        self._wait(self._generations_done, SETTLE, "the generations to end")
         workers = self.processes.of("writer", "reader", "clients")
         self._wait(lambda: all(s.finished for s in workers), SETTLE, "readers")
         stuck = [f"{s.name}-{s.incarnation}: {s.stderr_tail(300)}" for s in workers if not s.finished]
@@ -260,7 +262,16 @@ class Soak:
         self.say("soak: checking every stream against the table")
         verdict = check.check(self.run_dir, self._truth())
         elapsed = time.monotonic() - began
-        return Outcome(verdict, injector.tally, self.processes.crashes, stuck, self.run_dir, elapsed, unavailable)
+        return Outcome(
+            verdict,
+            injector.tally,
+            self.processes.crashes,
+            self.processes.lost_database,
+            stuck,
+            self.run_dir,
+            elapsed,
+            unavailable,
+        )
 
     def _inject(self, injector: faults.Injector, seconds: float) -> None:
         """Run the schedule for ``seconds``, reporting every 30 s; then wait for the faults to end."""
@@ -288,6 +299,15 @@ class Soak:
         )
         return writers and clients
 
+    def _generations_done(self) -> bool:
+        """No generation is open (the task workers end every one, whatever faults left behind)."""
+        try:
+            with pgserver.connect(self.entry, connect_timeout=3) as conn:
+                query = "SELECT count(*) FROM pgstreams_stream WHERE label = %s AND closed_at IS NULL"
+                return conn.execute(query, [GENERATION_LABEL]).fetchone()[0] == 0
+        except Exception:  # psycopg's errors: the server is back soon
+            return False
+
     def _wait(self, done: Callable[[], bool], seconds: float, what: str) -> None:
         deadline = time.monotonic() + seconds
         while not done():
@@ -301,11 +321,14 @@ class Soak:
         chunks: dict[str, dict[int, str]] = {}
         pruned: set[str] = set()
         created: set[str] = set()
+        generations: dict[str, check.Answer] = {}
         for line in (self.run_dir / "log" / "coordinator.jsonl").read_text().splitlines():
             event = json.loads(line)
             if event["e"] == "pruning":
                 pruned.add(event["s"])
                 chunks[event["s"]] = {o: d for o, d in event["chunks"]}
+            elif event["e"] == "pruning-generation":
+                generations[event["s"]] = check.Answer(True, event["attempts"], event["chunks"])
             elif event["e"] == "created":
                 created.add(event["s"])
         next_offsets: dict[str, int] = {}
@@ -322,7 +345,19 @@ class Soak:
                 )
                 for path, offset, data in cursor:
                     chunks[path][offset] = data
-        return check.Truth(chunks, next_offsets, pruned, created)
+            query = (
+                "SELECT path, closed_at IS NOT NULL, (metadata->'pgstreams_generation'->>'attempt')::int"
+                " FROM pgstreams_stream WHERE label = %s"
+            )
+            for path, closed, attempts in conn.execute(query, [GENERATION_LABEL]):
+                generations[path] = check.Answer(closed, attempts, [])
+            query = (
+                "SELECT s.path, c.data FROM pgstreams_chunk AS c JOIN pgstreams_stream AS s ON s.id = c.stream_id"
+                ' WHERE s.label = %s ORDER BY s.path, c."offset"'
+            )
+            for path, data in conn.execute(query, [GENERATION_LABEL]):
+                generations[path].chunks.append(data)
+        return check.Truth(chunks, next_offsets, pruned, created, generations)
 
     def _teardown(self) -> None:
         self.stop.set()
@@ -376,10 +411,13 @@ def report(outcome: Outcome, seed: int, say: Callable[[str], None]) -> None:
         say(f"soak: a fault could not be injected: {failure}")
     say(f"soak: writes: {counts(verdict.attempts)}")
     say(f"soak: reader sessions: {counts(verdict.sessions)}")
+    say(f"soak: generations: {verdict.generations} answers checked, taken over {verdict.takeovers} times")
     for kind, count in sorted(verdict.anomalies.items()):
         say(f"soak: ANOMALY {kind}: {count}")
         for example in verdict.examples[kind]:
             say(f"soak:   {example}")
+    if outcome.lost_database:
+        say(f"soak: task workers that exited as their database went away, started again: {len(outcome.lost_database)}")
     for crash in outcome.crashes:
         say(f"soak: ANOMALY crash: {crash}")
     for stuck in outcome.stuck:

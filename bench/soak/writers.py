@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 import time
 from collections import defaultdict
@@ -22,12 +23,31 @@ from typing import Any
 from django.db import Error, connections, transaction
 
 import pgstreams
+from bench.tasks import count
+from pgstreams import generations
 
-from .record import Log, Streams, Tags, Worker, describe
+from .record import (
+    GAVE_UP,
+    GENERATION_ATTEMPTS,
+    GENERATION_CHUNKS,
+    GENERATION_LABEL,
+    GENERATION_LEASE,
+    GENERATION_QUEUE,
+    GENERATIONS_PREFIX,
+    TOKEN_DELAY,
+    Log,
+    Streams,
+    Tags,
+    Worker,
+    describe,
+)
 
-RATES = {"tx": 12.0, "producer": 8.0, "append": 8.0, "aappend": 4.0, "sw": 20.0}
+RATES = {"tx": 12.0, "producer": 8.0, "append": 8.0, "aappend": 4.0, "sw": 20.0, "generation": 0.5}
 AAPPEND_TASKS = 4
 STREAM_WRITERS = 2
+# The writer that starts generations: one whose DATABASE is the database itself, where the task
+# backend keeps the tasks (the other writes through the freezing proxy, another alias).
+GENERATIONS_SLOT = 1
 # Definite refusals: the write certainly stored nothing.
 REFUSED = (pgstreams.StreamClosed, pgstreams.StreamNotFound)
 
@@ -130,6 +150,25 @@ class Writers:
             return
         self.log(e="err", k="producer", s=stream.path, d=data, why="gave up", absent=False)
 
+    def generation(self, rng: Any) -> None:
+        """Start a generation: an answer of ``n`` chunks at a model's pace, written by the
+        ``db_worker`` processes' tasks (``bench.tasks.count``), its path saying ``n``. Its
+        stream and task are made in one transaction, so a start either made both or neither."""
+        n = rng.randint(*GENERATION_CHUNKS)
+        path = f"{GENERATIONS_PREFIX}{json.loads(self.tag('g'))}/{n}"
+        made = generations.start(
+            count,
+            n,
+            TOKEN_DELAY,
+            last=GAVE_UP,
+            attempts=GENERATION_ATTEMPTS,
+            lease=GENERATION_LEASE,
+            queue_timeout=GENERATION_QUEUE,
+            stream={"label": GENERATION_LABEL, "path": path, "content_type": "text/plain"},
+            using="default",
+        )
+        self.log(e="generation", s=path, id=str(made.id))
+
     def append(self, rng: Any) -> None:
         stream = self.streams.pick_open()
         if stream is not None:
@@ -203,6 +242,8 @@ def main(worker: Worker) -> None:
         writers.thread("append", writers.append),
         threading.Thread(target=asyncio.run, args=(writers.tasks(),), name="soak-async", daemon=True),
     ]
+    if worker.slot == GENERATIONS_SLOT:
+        threads.append(writers.thread("generation", writers.generation))
     for t in threads:
         t.start()
     for t in threads:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.soak.check import Truth, check
+from bench.soak.check import Answer, Truth, check
 
 
 def record(run_dir: Path, name: str, *events: dict) -> None:
@@ -127,3 +127,30 @@ def test_a_gap_in_the_table_and_a_stream_that_vanished_are_found(tmp_path: Path)
     t.created.add("lost")
     found = anomalies(tmp_path, t)
     assert "table-gap" in found and "vanished" in found
+
+
+WHOLE = ["0 ", "1 ", "2 ", "end"]
+
+
+@pytest.mark.parametrize(
+    ("answer", "kind"),
+    [
+        (Answer(True, 2, WHOLE), None),
+        (Answer(False, 1, WHOLE[:2]), "generation-unfinished"),
+        (Answer(True, 2, ["0 ", "1 ", "1 ", "2 ", "end"]), "generation-repeated"),  # a fenced run's write stored
+        (Answer(True, 1, ["0 ", "2 ", "end"]), "generation-not-whole"),
+        (Answer(True, 1000, ["0 ", "gave up"]), "generation-not-whole"),  # every attempt failed
+    ],
+)
+def test_each_generation_not_written_whole_once_is_found(tmp_path: Path, answer: Answer, kind: str | None) -> None:
+    record(tmp_path, "writer1-0", {"e": "generation", "s": "g/writer1-0.g1/3", "id": "x"})
+    t = truth({})
+    t.generations["g/writer1-0.g1/3"] = answer
+    verdict = check(tmp_path, t)
+    assert dict(verdict.anomalies) == ({kind: 1} if kind else {}) and verdict.generations == 1
+    assert verdict.takeovers == answer.attempts - 1
+
+
+def test_a_generation_started_and_not_in_the_table_is_found(tmp_path: Path) -> None:
+    record(tmp_path, "writer1-0", {"e": "generation", "s": "g/writer1-0.g1/3", "id": "x"})
+    assert anomalies(tmp_path, truth({})) == {"generation-vanished": 1}
