@@ -17,7 +17,7 @@ from django.test import override_settings
 import pgstreams
 from pgstreams import notify
 from tests.helpers import database_alias
-from tests.pgbouncer import pgbouncer_missing, running_pgbouncer
+from bench.pgbouncer import pgbouncer_missing, running_pgbouncer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

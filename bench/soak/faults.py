@@ -21,6 +21,7 @@ from typing import Any
 import psycopg
 
 from bench import pgserver
+from bench.pgbouncer import PgBouncer
 from bench.proxy import FreezingProxy
 
 from .processes import QUERY_TIMEOUT, Processes
@@ -47,16 +48,24 @@ class Injections:
         client_proxies: list[FreezingProxy],
         standby: pgserver.Standby | None,
         no_standby: str,
+        bouncer: PgBouncer | None,
+        no_bouncer: str,
         log: Log,
     ) -> None:
         self.processes, self.entry, self.db_proxy, self.client_proxies = processes, entry, db_proxy, client_proxies
         self.server = pgserver.ServerControl(entry)
         self.standby, self.no_standby, self.log = standby, no_standby, log
+        self.bouncer, self.no_bouncer = bouncer, no_bouncer
         self.server_lock = threading.Lock()
 
     def unavailable(self, kind: str) -> str:
         """Why this machine cannot inject ``kind`` ("" if it can)."""
-        return {"restart-server": self.server.why_not, "pause-standby": self.no_standby}.get(kind, "")
+        why = {
+            "restart-server": self.server.why_not,
+            "pause-standby": self.no_standby,
+            "restart-pgbouncer": self.no_bouncer,
+        }
+        return why.get(kind, "")
 
     def _db(self) -> psycopg.Connection[Any]:
         return pgserver.connect(self.entry, connect_timeout=3)
@@ -110,6 +119,15 @@ class Injections:
             time.sleep(down)
             self.server.start()
         return f"down {down:.2f} s"
+
+    def restart_pgbouncer(self, rng: random.Random) -> str:
+        """Stop PgBouncer (its clients' connections cut) and start it again on its port."""
+        if self.bouncer is None:
+            raise NotInjected(self.no_bouncer)
+        down = rng.uniform(0.1, 1.0)
+        with self.server_lock:  # its start queries the server through it
+            self.bouncer.restart(down)
+        return f"down {down:.2f} s, {self.bouncer.logins()} client logins so far"
 
     def prune(self, rng: random.Random) -> str:
         """Copy the streams closed a while ago into the record, then prune them (in batches
@@ -181,6 +199,7 @@ KINDS: dict[str, tuple[float, Callable[[Injections, random.Random], str]]] = {
     **{f"terminate-{role}": (1.0, _terminate(role)) for role in ROLES},
     "freeze": (1.5, Injections.freeze),
     "restart-server": (0.7, Injections.restart_server),
+    "restart-pgbouncer": (1.0, Injections.restart_pgbouncer),
     "prune": (1.0, Injections.prune),
     "cut-clients": (2.0, Injections.cut_clients),
     "pause-standby": (1.0, Injections.pause_standby),

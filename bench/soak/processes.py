@@ -165,11 +165,15 @@ def layout(
     entry: dict[str, Any],
     via: dict[str, Any],
     standby: dict[str, Any] | None,
+    bouncer: dict[str, Any] | None,
+    shards: int,
     ports: list[int],
 ) -> list[Slot]:
     """The slots of a run: daphne on ``ports``, then writers, readers, clients and the task
-    workers; ``via`` is
-    the database entry through the freezing proxy, ``standby`` the standby's (or None)."""
+    workers; ``via`` is the database entry through the freezing proxy, ``standby`` the
+    standby's, ``bouncer`` PgBouncer's (or None), which the second daphne writes and reads
+    through, as the PgBouncer how-to says (LISTEN on a direct connection, nothing prepared);
+    every process notifies and listens on ``shards`` channels."""
     base = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "bench.soak.settings",
@@ -181,7 +185,7 @@ def layout(
     def env(pgstreams: dict[str, Any], databases: dict[str, str]) -> dict[str, str]:
         return {
             **base,
-            "SOAK_PGSTREAMS": json.dumps({**PGSTREAMS, **pgstreams}),
+            "SOAK_PGSTREAMS": json.dumps({**PGSTREAMS, "NOTIFY_SHARDS": shards, **pgstreams}),
             "SOAK_DATABASES": json.dumps(databases),
         }
 
@@ -202,9 +206,16 @@ def layout(
     on_standby = env({"READ_DATABASE": "standby"}, {"standby": url(standby)}) if standby is not None else plain
     logs = run_dir / "proc"
     slots = []
+    pooled = plain
+    if bouncer is not None:
+        pooled = env(
+            {"DATABASE": "bouncer", "LISTEN_DATABASE": "default", "PREPARED_STATEMENTS": False},
+            {"bouncer": url(bouncer)},
+        )
     for i, port in enumerate(ports):
         command = [sys.executable, "-m", "daphne", "-v", "0", "-b", "127.0.0.1", "-p", str(port)]
-        slots.append(Slot("daphne", i, lambda _, c=command: [*c, "demo_project.asgi:application"], plain, logs))
+        server = [*command, "demo_project.asgi:application"]
+        slots.append(Slot("daphne", i, lambda _, c=server: c, pooled if i == 1 else plain, logs))
     slots += [Slot("writer", i, worker("writers", i), proxied if i == 0 else plain, logs) for i in range(WRITERS)]
     slots += [Slot("reader", i, worker("readers", i), proxied if i == 0 else on_standby, logs) for i in range(READERS)]
     slots += [Slot("clients", i, worker("clients", i), plain, logs) for i in range(CLIENTS)]

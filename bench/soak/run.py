@@ -3,7 +3,8 @@ settling, and the verdict.
 
 A run makes a database (``pgstreams_soak_<pid>``) on the server ``DATABASES['default']`` names,
 and drops it afterwards: pruning and restarts touch nothing of anyone else's. In front of it, a
-freezing proxy; beside it, a hot standby where this machine has the binaries for one; in front of
+freezing proxy; beside it, a hot standby where this machine has the binaries for one, and a
+PgBouncer (transaction pooling) where it has Debian's, which one daphne goes through; in front of
 each daphne process, a proxy that can cut its clients' sockets (the client process connects only
 through those). The processes are ``processes``'s; the faults ``faults``'s.
 
@@ -35,6 +36,7 @@ import httpx
 from psycopg import sql
 
 from bench import pgserver
+from bench.pgbouncer import PgBouncer, pgbouncer_missing
 from bench.proxy import FreezingProxy, database_via, proxy_for
 from pgstreams.durable import wire
 
@@ -55,6 +57,12 @@ class SoakConfig:
     keep: bool = False
     fault_every: float = FAULT_EVERY
     kinds: list[str] | None = None  # None: every kind this machine can inject
+    notify_shards: int | None = None  # None: one of SHARDS, drawn from the seed
+
+
+# NOTIFY_SHARDS of a run, the same in all its processes: one channel, or a changing set of them
+# that each listener LISTENs to as it follows streams, across its reconnects.
+SHARDS = (1, 1024)
 
 
 @dataclass
@@ -82,11 +90,13 @@ class Soak:
         (self.run_dir / "proc").mkdir()
         self.log = Log(self.run_dir, "coordinator")
         self.rng = random.Random(f"{config.seed}/coordinator")
+        self.shards = config.notify_shards or random.Random(f"{config.seed}/shards").choice(SHARDS)
         self.stop = threading.Event()
         self.open: dict[str, tuple[uuid.UUID, float]] = {}  # path -> (id, when to close it)
         self.created = self.closes = 0
         self.name = f"pgstreams_soak_{os.getpid()}"
         self.standby: pgserver.Standby | None = None
+        self.bouncer: PgBouncer | None = None
         self.proxies: list[FreezingProxy] = []
         self.processes: processes.Processes | None = None
 
@@ -197,7 +207,9 @@ class Soak:
         began = time.monotonic()
         self._make_database()
         (self.run_dir / PHASE_FILE).write_text("run")
-        overrides = override_settings(PGSTREAMS={"DATABASE": "soak", **processes.PGSTREAMS})
+        overrides = override_settings(
+            PGSTREAMS={"DATABASE": "soak", **processes.PGSTREAMS, "NOTIFY_SHARDS": self.shards}
+        )
         overrides.enable()
         quiet = logging.getLogger("pgstreams")  # its warnings of every reconnect are the faults at work
         level = quiet.level
@@ -220,8 +232,19 @@ class Soak:
         self.hosts = [f"127.0.0.1:{p.port}" for p in clients]
         (self.run_dir / "config.json").write_text(json.dumps({"hosts": self.hosts, "seed": self.config.seed}))
         standby_entry = self.standby.database() if self.standby is not None else None
+        no_bouncer = pgbouncer_missing() or ""
+        if not no_bouncer:
+            self.bouncer = PgBouncer(self.entry, pool_size=4)
+            self.bouncer.start()
         slots = processes.layout(
-            self.run_dir, self.config.seed, self.entry, database_via(db_proxy, self.entry), standby_entry, ports
+            self.run_dir,
+            self.config.seed,
+            self.entry,
+            database_via(db_proxy, self.entry),
+            standby_entry,
+            self.bouncer.entry if self.bouncer is not None else None,
+            self.shards,
+            ports,
         )
         self.processes = processes.Processes(slots, lambda: self.settling)
         self.processes.start()
@@ -230,7 +253,15 @@ class Soak:
         streams.start()
 
         injections = faults.Injections(
-            self.processes, self.entry, db_proxy, clients, self.standby, standby.why_not, self.log
+            self.processes,
+            self.entry,
+            db_proxy,
+            clients,
+            self.standby,
+            standby.why_not,
+            self.bouncer,
+            no_bouncer,
+            self.log,
         )
         kinds = self.config.kinds or list(faults.KINDS)
         unavailable = {k: why for k in kinds if (why := injections.unavailable(k))}
@@ -240,8 +271,8 @@ class Soak:
             injections, faults.schedule(self.config.seed, seconds, self.config.fault_every, available), self.log
         )
         self.say(
-            f"soak: seed {self.config.seed}, {self.config.minutes:g} min, {len(injector.faults)} faults scheduled; "
-            f"record in {self.run_dir}"
+            f"soak: seed {self.config.seed}, {self.config.minutes:g} min, {len(injector.faults)} faults scheduled, "
+            f"NOTIFY_SHARDS {self.shards}; record in {self.run_dir}"
         )
         for kind, why in unavailable.items():
             self.say(f"soak: no {kind} faults here: {why}")
@@ -368,6 +399,8 @@ class Soak:
             proxy.close()
         if self.standby is not None:
             self.standby.stop()
+        if self.bouncer is not None:
+            self.bouncer.close()
         from pgstreams import appender, notify
 
         appender.stop_appenders()

@@ -14,8 +14,8 @@ from bench.soak.run import SoakConfig, soak
 class Command(BaseCommand):
     help = (
         "Every kind of writer and reader at once, in several processes, under randomized faults "
-        "(process kills, backend terminations, frozen connections, server restarts, pruning, cut "
-        "sockets, a paused standby); then every stream is checked against the table. Runs in a "
+        "(process kills and stops, backend terminations, frozen connections, server and PgBouncer restarts, "
+        "pruning, cut sockets, a paused standby); then every stream is checked against the table. Runs in a "
         "database of its own on the server of DATABASES['default'], dropped afterwards."
     )
 
@@ -28,23 +28,38 @@ class Command(BaseCommand):
         parser.add_argument(
             "--kinds", default="", help=f"comma-separated fault kinds (default all: {', '.join(KINDS)})"
         )
+        parser.add_argument(
+            "--notify-shards",
+            type=int,
+            default=None,
+            help="NOTIFY_SHARDS of every process (default: 1 or 1024, drawn from the seed)",
+        )
         parser.add_argument("--keep", action="store_true", help="keep the run's database and record")
 
     def handle(
-        self, *args: Any, minutes: float, seed: int | None, fault_every: float, kinds: str, keep: bool, **options: Any
+        self,
+        *args: Any,
+        minutes: float,
+        seed: int | None,
+        fault_every: float,
+        kinds: str,
+        notify_shards: int | None,
+        keep: bool,
+        **options: Any,
     ) -> None:
         chosen = [k.strip() for k in kinds.split(",") if k.strip()] or None
         unknown = sorted(set(chosen or ()) - set(KINDS))
         if unknown:
             raise CommandError(f"unknown fault kinds {', '.join(unknown)}; choose from {', '.join(KINDS)}")
-        if minutes <= 0 or fault_every <= 0:
-            raise CommandError("--minutes and --fault-every must be positive")
+        if minutes <= 0 or fault_every <= 0 or (notify_shards is not None and notify_shards < 1):
+            raise CommandError("--minutes, --fault-every and --notify-shards must be positive")
         seed = random.randrange(10**6) if seed is None else seed
 
         def say(line: str) -> None:
             self.stdout.write(line)
             self.stdout.flush()
 
-        outcome = soak(SoakConfig(minutes, seed, keep=keep, fault_every=fault_every, kinds=chosen), say)
+        config = SoakConfig(minutes, seed, keep, fault_every, chosen, notify_shards)
+        outcome = soak(config, say)
         if outcome.anomalies:
             raise CommandError(f"{outcome.anomalies} anomalies; replay with --seed {seed}")

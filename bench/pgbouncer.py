@@ -1,8 +1,10 @@
-"""A real PgBouncer in front of the test database, for tests that must see what pooling does.
+"""A real PgBouncer in front of a database, for the tests and the soak, which must see what
+pooling does.
 
 ``running_pgbouncer(settings_dict)`` starts Debian's ``pgbouncer`` on a free port of 127.0.0.1,
 pooling every database of the server that ``settings_dict`` (a Django DATABASES entry) points at,
-waits until it serves queries, yields a DATABASES entry that goes through it, and stops it after.
+waits until it serves queries, yields a DATABASES entry that goes through it, and stops it after;
+``PgBouncer`` is the same, stopped and started again on its port as the soak's faults ask.
 Clients log in to PgBouncer without a password (``auth_type = trust``, loopback only); PgBouncer
 logs in to the server with the entry's USER and PASSWORD. ``server_reset_query`` is left at its
 default, which transaction pooling never runs, so session state (``SET``) leaks from one client
@@ -189,6 +191,71 @@ def _wait_until_serving(proc: subprocess.Popen[bytes], database: dict[str, Any],
         raise RuntimeError(f"a query through pgbouncer failed ({exc}):\n{_tail(log)}") from exc
 
 
+class PgBouncer:
+    """A PgBouncer in front of ``settings_dict``'s server, on a port of its own that stays the
+    same when it is stopped and started again (``restart``): its clients find it where it was.
+    ``entry`` is the DATABASES entry through it; ``close()`` stops it and removes its directory
+    (config, auth file, log, pid file)."""
+
+    def __init__(self, settings_dict: dict[str, Any], *, pool_mode: str = "transaction", pool_size: int = 1) -> None:
+        binary = pgbouncer_binary()
+        if binary is None:
+            raise RuntimeError(pgbouncer_missing())
+        host = str(settings_dict.get("HOST") or "")
+        if not host or "," in host:
+            raise ValueError(f"PgBouncer needs one explicit HOST (a socket directory or a host), not {host!r}")
+        user = str(settings_dict.get("USER") or "")
+        if not user:
+            raise ValueError("PgBouncer needs an explicit USER: its auth_file lists it")
+        run_as = _run_as_user(host)
+        self.directory = Path(tempfile.mkdtemp(prefix="pgstreams-pgbouncer-"))
+        self.proc: subprocess.Popen[bytes] | None = None
+        listen_port = _free_port()
+        config = self.directory / "pgbouncer.ini"
+        upstream_port = int(settings_dict.get("PORT") or 5432)
+        config.write_text(_config(host, upstream_port, listen_port, self.directory, pool_mode, pool_size))
+        userlist = self.directory / "userlist.txt"
+        userlist.write_text(f"{_quote_field(user)} {_quote_field(str(settings_dict.get('PASSWORD') or ''))}\n")
+        self.log = self.directory / "pgbouncer.log"
+        for path in (self.directory, config, userlist):
+            os.chmod(path, 0o700 if path.is_dir() else 0o600)
+        if run_as is not None:
+            account = pwd.getpwnam(run_as)
+            for path in (self.directory, config, userlist):
+                os.chown(path, account.pw_uid, account.pw_gid)
+        self.command = [binary, *(["-u", run_as] if run_as else []), str(config)]
+        self.entry = copy.deepcopy(settings_dict)
+        self.entry["HOST"] = "127.0.0.1"
+        self.entry["PORT"] = str(listen_port)
+        options = settings_dict.get("OPTIONS") or {}
+        self.entry["OPTIONS"] = {key: value for key, value in options.items() if key not in HOST_SPECIFIC_OPTIONS}
+
+    def start(self) -> None:
+        """Start it, and return once it serves a query (RuntimeError with its log if it does not)."""
+        with open(self.log, "ab") as sink:
+            self.proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT)
+        _wait_until_serving(self.proc, self.entry, self.log)
+
+    def stop(self) -> None:
+        """Stop it at once (SIGTERM): its clients' connections are cut."""
+        if self.proc is not None:
+            _stop(self.proc)
+
+    def restart(self, down: float) -> None:
+        """Stop it, wait ``down`` seconds, start it again on the same port."""
+        self.stop()
+        time.sleep(down)
+        self.start()
+
+    def logins(self) -> int:
+        """Client logins so far, as its log counts them."""
+        return _tail(self.log, 10**9).count("login attempt")
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
 @contextmanager
 def running_pgbouncer(
     settings_dict: dict[str, Any], *, pool_mode: str = "transaction", pool_size: int = 1
@@ -199,49 +266,9 @@ def running_pgbouncer(
     OPTIONS without the host-specific (and TLS) parameters. On exit PgBouncer is stopped and its
     temporary directory (config, auth file, log, pid file) removed.
     """
-    binary = pgbouncer_binary()
-    if binary is None:
-        raise RuntimeError(pgbouncer_missing())
-    host = str(settings_dict.get("HOST") or "")
-    if not host or "," in host:
-        raise ValueError(f"running_pgbouncer needs one explicit HOST (a socket directory or a host), not {host!r}")
-    upstream_port = int(settings_dict.get("PORT") or 5432)
-    user = str(settings_dict.get("USER") or "")
-    if not user:
-        raise ValueError("running_pgbouncer needs an explicit USER: PgBouncer's auth_file lists it")
-    run_as = _run_as_user(host)
-
-    directory = Path(tempfile.mkdtemp(prefix="pgstreams-pgbouncer-"))
-    proc: subprocess.Popen[bytes] | None = None
+    bouncer = PgBouncer(settings_dict, pool_mode=pool_mode, pool_size=pool_size)
     try:
-        listen_port = _free_port()
-        config = directory / "pgbouncer.ini"
-        config.write_text(_config(host, upstream_port, listen_port, directory, pool_mode, pool_size))
-        userlist = directory / "userlist.txt"
-        userlist.write_text(f"{_quote_field(user)} {_quote_field(str(settings_dict.get('PASSWORD') or ''))}\n")
-        log = directory / "pgbouncer.log"
-        for path in (directory, config, userlist):
-            os.chmod(path, 0o700 if path.is_dir() else 0o600)
-        if run_as is not None:
-            account = pwd.getpwnam(run_as)
-            for path in (directory, config, userlist):
-                os.chown(path, account.pw_uid, account.pw_gid)
-
-        command = [binary, *(["-u", run_as] if run_as else []), str(config)]
-        with open(log, "wb") as sink:
-            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT)
-
-        database = copy.deepcopy(settings_dict)
-        database["HOST"] = "127.0.0.1"
-        database["PORT"] = str(listen_port)
-        database["OPTIONS"] = {
-            key: value
-            for key, value in (settings_dict.get("OPTIONS") or {}).items()
-            if key not in HOST_SPECIFIC_OPTIONS
-        }
-        _wait_until_serving(proc, database, log)
-        yield database
+        bouncer.start()
+        yield bouncer.entry
     finally:
-        if proc is not None:
-            _stop(proc)
-        shutil.rmtree(directory, ignore_errors=True)
+        bouncer.close()
