@@ -25,7 +25,7 @@ from bench.pgbouncer import PgBouncer
 from bench.proxy import FreezingProxy
 
 from .processes import QUERY_TIMEOUT, Processes
-from .record import GENERATION_LABEL, LABEL, Log
+from .record import DJANGO_CONNECTIONS, GENERATION_LABEL, LABEL, Log
 
 ROLES = ("listener", "fetcher", "flusher", "appender")
 FROZEN_FOR = 3 * QUERY_TIMEOUT  # a frozen connection is dropped after this (its client gave up on it)
@@ -103,6 +103,24 @@ class Injections:
             pid, name = rng.choice(found)
             conn.execute("SELECT pg_terminate_backend(%s)", [pid])
         return f"terminated {name}"
+
+    def terminate_generations(self, rng: random.Random) -> str:
+        """``pg_terminate_backend`` of a Django connection whose last statement was a
+        generation's lease (a generations thread's, which renews leases and looks for takeovers
+        every second; or a task's ``take()``)."""
+        with self.server_lock, self._db() as conn:
+            found = conn.execute(
+                "SELECT pid, application_name FROM pg_stat_activity WHERE datname = current_database()"
+                " AND application_name LIKE %s AND query LIKE %s",
+                [f"{DJANGO_CONNECTIONS} %", "%pgstreams_lease%"],
+            ).fetchall()
+            if not found:
+                raise NotInjected("no connection of a generations thread")
+            pid, name = rng.choice(found)
+            conn.execute("SELECT pg_terminate_backend(%s)", [pid])
+        process = int(name.rsplit(" ", 1)[1])
+        whose = [f"{s.name}-{s.incarnation}" for s in self.processes.slots if s.proc and s.proc.pid == process]
+        return f"terminated {name} ({', '.join(whose) or 'gone'})"
 
     def freeze(self, rng: random.Random) -> str:
         frozen = self.db_proxy.freeze()
@@ -197,6 +215,7 @@ KINDS: dict[str, tuple[float, Callable[[Injections, random.Random], str]]] = {
     "kill-task-worker": (1.5, lambda f, rng: f.kill(("worker",), rng)),
     "stop-task-worker": (1.5, lambda f, rng: f.stop(("worker",), rng)),
     **{f"terminate-{role}": (1.0, _terminate(role)) for role in ROLES},
+    "terminate-generations": (1.0, Injections.terminate_generations),
     "freeze": (1.5, Injections.freeze),
     "restart-server": (0.7, Injections.restart_server),
     "restart-pgbouncer": (1.0, Injections.restart_pgbouncer),

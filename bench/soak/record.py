@@ -37,6 +37,7 @@ GENERATION_LEASE = 2.0  # seconds: a worker stopped longer than this is taken ov
 GENERATION_QUEUE = 30.0  # seconds an attempt may wait for a worker
 GENERATION_ATTEMPTS = 1000  # never the last: every answer must end whole
 GAVE_UP = "gave up"
+DJANGO_CONNECTIONS = "soak django"  # the application_name of the processes' Django connections, and a pid
 LIST_SQL = (
     "SELECT id, path, next_offset, closed_at IS NOT NULL FROM pgstreams_stream"
     " WHERE label = %s AND deleted_at IS NULL ORDER BY created_at DESC LIMIT 48"

@@ -1,14 +1,18 @@
 """Django settings of the soak's worker and server processes: the demo's, with the database
 aliases and PGSTREAMS overrides the coordinator passes in the environment (``SOAK_DATABASES``,
-``SOAK_PGSTREAMS``: JSON). ``DATABASE_URL`` is the soak's own database."""
+``SOAK_PGSTREAMS``: JSON). ``DATABASE_URL`` is the soak's own database, whose connections say
+whose they are in ``application_name``."""
 
 import json
 import os
 
+from bench.soak.record import DJANGO_CONNECTIONS
 from demo_project.database import from_url
 from demo_project.settings import *  # noqa: F403
 
 DATABASES = {"default": from_url(os.environ["DATABASE_URL"])}
+# Django's own connections named, so that a fault can find one (a generations thread's, say).
+DATABASES["default"].setdefault("OPTIONS", {})["application_name"] = f"{DJANGO_CONNECTIONS} {os.getpid()}"
 for _alias, _url in json.loads(os.environ.get("SOAK_DATABASES", "{}")).items():
     DATABASES[_alias] = from_url(_url)
 
