@@ -32,6 +32,15 @@ FROZEN_FOR = 3 * QUERY_TIMEOUT  # a frozen connection is dropped after this (its
 PRUNE_MARGIN = "5 seconds"  # only streams closed longer ago are pruned: none is still being closed
 
 
+_NAMED_SQL = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = %s"
+
+
+_LEASE_SQL = (
+    "SELECT pid, application_name FROM pg_stat_activity WHERE datname = current_database()"
+    " AND application_name LIKE %s AND query LIKE %s"
+)
+
+
 class NotInjected(Exception):
     """The fault found nothing to act on; it is not counted."""
 
@@ -78,18 +87,42 @@ class Injections:
         slot.kill(restart_in=rng.uniform(0.2, 1.5))
         return f"SIGKILL {slot.name}-{slot.incarnation}"
 
-    def stop(self, roles: tuple[str, ...], rng: random.Random) -> str:
-        """SIGSTOP a process for up to twice QUERY_TIMEOUT: its backends wait on it (a writer
-        stopped in a transaction holds its streams' rows), its listener's session may be left
-        blocked writing, and it finds its connections timed out or dropped when it runs again."""
+    def stop(self, roles: tuple[str, ...], longest: float, rng: random.Random) -> str:
+        """SIGSTOP a process for up to ``longest`` seconds, then SIGCONT: its backends wait on
+        it (a writer stopped in a transaction holds its streams' rows), and it finds its
+        connections timed out or dropped when it runs again. Its listener's session, left
+        blocked sending it notifications, pins the notification queue: stuck for three of its
+        ``LISTEN_CHECK_INTERVAL``s (6 s here), the guard of the other processes ends it
+        (``NOTIFY_QUEUE_GUARD`` is small here), which the fault watches for and says."""
         alive = [s for s in self.processes.of(*roles) if s.alive() and not s.finished]
         if not alive:
             raise NotInjected("no such process alive")
-        slot, seconds = rng.choice(alive), rng.uniform(0.3, 2 * QUERY_TIMEOUT)
+        slot, seconds = rng.choice(alive), rng.uniform(0.3, longest)
         name = f"{slot.name}-{slot.incarnation}"
-        if slot.stop_for(seconds) is None:
+        proc = slot.pause()
+        if proc is None:
             raise NotInjected(f"{name} had exited")
+        listener = f"pgstreams listener {proc.pid}"
+        listening, ended = self._sessions(listener), None
+        began = time.monotonic()
+        try:
+            while (left := began + seconds - time.monotonic()) > 0:
+                time.sleep(min(left, 0.5))
+                if listening and ended is None and not self._sessions(listener):
+                    ended = time.monotonic() - began
+        finally:
+            slot.resume(proc)
+        if ended is not None:
+            return f"SIGSTOP {name} for {seconds:.2f} s; its listener's session ended after {ended:.1f} s"
         return f"SIGSTOP {name} for {seconds:.2f} s"
+
+    def _sessions(self, application_name: str) -> int:
+        """Backends of this database named ``application_name`` (0 if the server cannot say)."""
+        try:
+            with self._db() as conn:
+                return conn.execute(_NAMED_SQL, [application_name]).fetchone()[0]
+        except psycopg.Error:
+            return 0
 
     def terminate_backend(self, role: str, rng: random.Random) -> str:
         with self.server_lock, self._db() as conn:
@@ -105,17 +138,16 @@ class Injections:
         return f"terminated {name}"
 
     def terminate_generations(self, rng: random.Random) -> str:
-        """``pg_terminate_backend`` of a Django connection whose last statement was a
-        generation's lease (a generations thread's, which renews leases and looks for takeovers
-        every second; or a task's ``take()``)."""
+        """``pg_terminate_backend`` of a Django connection caught running, or having just run, a
+        statement on a generation's lease: a generations thread's (it renews the leases of its
+        process's generations a third of a lease apart and looks for takeovers every second,
+        its looks ending with a COMMIT), or a task's ``take()``. Looked for during up to 3 s."""
         with self.server_lock, self._db() as conn:
-            found = conn.execute(
-                "SELECT pid, application_name FROM pg_stat_activity WHERE datname = current_database()"
-                " AND application_name LIKE %s AND query LIKE %s",
-                [f"{DJANGO_CONNECTIONS} %", "%pgstreams_lease%"],
-            ).fetchall()
-            if not found:
-                raise NotInjected("no connection of a generations thread")
+            deadline = time.monotonic() + 3.0
+            while not (found := conn.execute(_LEASE_SQL, [f"{DJANGO_CONNECTIONS} %", "%pgstreams_lease%"]).fetchall()):
+                if time.monotonic() > deadline:
+                    raise NotInjected("no connection of a generations thread")
+                time.sleep(0.05)
             pid, name = rng.choice(found)
             conn.execute("SELECT pg_terminate_backend(%s)", [pid])
         process = int(name.rsplit(" ", 1)[1])
@@ -210,10 +242,10 @@ KINDS: dict[str, tuple[float, Callable[[Injections, random.Random], str]]] = {
     "kill-writer": (2.0, lambda f, rng: f.kill(("writer",), rng)),
     "kill-reader": (2.0, lambda f, rng: f.kill(("reader", "clients"), rng)),
     "kill-daphne": (1.5, lambda f, rng: f.kill(("daphne",), rng)),
-    "stop-writer": (1.0, lambda f, rng: f.stop(("writer",), rng)),
-    "stop-reader": (1.0, lambda f, rng: f.stop(("reader", "clients"), rng)),
+    "stop-writer": (1.0, lambda f, rng: f.stop(("writer",), 2 * QUERY_TIMEOUT, rng)),
+    "stop-reader": (1.0, lambda f, rng: f.stop(("reader", "clients"), 12.0, rng)),
     "kill-task-worker": (1.5, lambda f, rng: f.kill(("worker",), rng)),
-    "stop-task-worker": (1.5, lambda f, rng: f.stop(("worker",), rng)),
+    "stop-task-worker": (1.5, lambda f, rng: f.stop(("worker",), 2 * QUERY_TIMEOUT, rng)),
     **{f"terminate-{role}": (1.0, _terminate(role)) for role in ROLES},
     "terminate-generations": (1.0, Injections.terminate_generations),
     "freeze": (1.5, Injections.freeze),

@@ -27,7 +27,15 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 WRITERS, READERS, CLIENTS, DAPHNES, TASK_WORKERS = 2, 2, 1, 2, 2
 QUERY_TIMEOUT = 2.0
 # The settings of every soak process: failures noticed within seconds, polls often.
-PGSTREAMS = {"QUERY_TIMEOUT": QUERY_TIMEOUT, "LISTEN_CHECK_INTERVAL": 2.0, "POLL_INTERVAL": 0.5, "CONNECT_TIMEOUT": 2}
+# NOTIFY_QUEUE_GUARD: 80 KB of Postgres' default 8 GB queue, which a stopped reader's listener
+# pins within seconds: the guard must end its session (the stop-reader fault says when it did).
+PGSTREAMS = {
+    "QUERY_TIMEOUT": QUERY_TIMEOUT,
+    "LISTEN_CHECK_INTERVAL": 2.0,
+    "POLL_INTERVAL": 0.5,
+    "CONNECT_TIMEOUT": 2,
+    "NOTIFY_QUEUE_GUARD": 0.00001,
+}
 CRASH_PAUSE = 1.0  # seconds before a crashed process starts again
 
 
@@ -73,20 +81,21 @@ class Slot:
                 self.restart_at = time.monotonic() + restart_in
                 self.proc.kill()
 
-    def stop_for(self, seconds: float) -> int | None:
-        """SIGSTOP the process, then SIGCONT ``seconds`` later (a paused VM, a process starved
-        of CPU); its pid, or None if none was running. One killed meanwhile is left to its
-        restart."""
+    def pause(self) -> subprocess.Popen[bytes] | None:
+        """SIGSTOP the process (a paused VM, a process starved of CPU); it, or None if none was
+        running. ``resume`` it."""
         with self.lock:
             if not self.alive():
                 return None
-            proc = self.proc
-            proc.send_signal(signal.SIGSTOP)
-        time.sleep(seconds)
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGSTOP)
+            return self.proc
+
+    def resume(self, proc: subprocess.Popen[bytes]) -> None:
+        """SIGCONT what ``pause`` stopped, unless it was killed meanwhile (left to its restart)."""
         with self.lock:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGCONT)
-        return proc.pid
 
     def stderr_tail(self, size: int = 1500) -> str:
         path = self.logs / f"{self.name}-{self.incarnation}.err"
