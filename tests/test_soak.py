@@ -21,6 +21,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess,
 SUMMARY = re.compile(r"soak: (\d+) faults \((\d+) kinds\), (\d+) chunks checked .*, (\d+) anomalies, seed (\d+)")
 SURVIVED = re.compile(r"soak: faults survived: (.*)")
 ANSWERS = re.compile(r"soak: generations: (\d+) answers checked")
+READ_BY_THE_SDK = re.compile(r"aisdk answer (\d+)")
 # A seed whose half minute, a fault every 1.2 s on average, schedules 13 of the 18 kinds (where a
 # standby, a restartable server and PgBouncer exist), each of these twice, apart, so that one
 # finds its target whatever else happens; and draws NOTIFY_SHARDS 1024.
@@ -50,6 +51,7 @@ def test_a_short_soak_under_every_fault_loses_and_doubles_nothing(seed: int) -> 
     assert done.returncode == 0 and summary, f"replay with --seed {seed}"
     faults, kinds, checked, anomalies, _ = map(int, summary.groups())
     assert anomalies == 0 and faults > 0 and kinds > 0 and checked > 0 and int(ANSWERS.search(done.stdout)[1]) > 0
+    assert int(READ_BY_THE_SDK.search(done.stdout)[1]) > 0  # AI SDK answers read whole by the SDK's own client
     if seed == FIXED_SEED:
         survived = {part.rsplit(" ", 1)[0] for part in SURVIVED.search(done.stdout).group(1).split(", ")}
         assert NEW_KINDS <= survived

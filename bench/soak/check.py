@@ -18,9 +18,12 @@ streams pruned during the run (the coordinator copied them before it pruned). Wh
   or pruned (``false-gone``); a reader never fails otherwise (``reader-error``) and never leaves a
   session unended unless it was killed (``unfinished-session``).
 - Generations: every answer the task workers wrote is whole, once: closed, its chunks exactly
-  ``"0 "`` to ``"<n-1> "`` then ``"end"`` (``generation-unfinished``, ``generation-repeated``
+  what its task writes (``"0 "`` to ``"<n-1> "`` then ``"end"``; or an AI SDK answer's parts,
+  its deltas ``"w0 "`` to ``"w<n-1> "``) (``generation-unfinished``, ``generation-repeated``
   when a chunk is stored twice, as a fenced run's write would be, ``generation-not-whole``
   otherwise), and every generation a writer started is in the table (``generation-vanished``).
+  The AI SDK reader's message of each answer it read has the one text the task wrote
+  (``aisdk-wrong-answer``), and each of its reads ended (``unfinished-session``).
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ class Truth:
 
     chunks: dict[str, dict[int, str]]
     next_offsets: dict[str, int]  # of the streams in the table at the end
-    pruned: set[str]
+    pruned: set[str]  # the paths of the streams and generations pruned
     created: set[str]
     generations: dict[str, Answer] = field(default_factory=dict)  # by path
 
@@ -104,15 +107,52 @@ def _check_generations(logs: dict[str, list[dict[str, Any]]], truth: Truth, verd
         verdict.generations += 1
         verdict.takeovers += answer.attempts - 1
         chunks = answer.chunks
-        whole = [f"{i} " for i in range(int(path.rsplit("/", 1)[1]))] + ["end"]
         if not answer.closed:
             verdict.anomaly("generation-unfinished", f"{path}: {len(chunks)} chunks, open")
-        elif chunks != whole:
+        elif _written(path, chunks) != _whole(path):
             kind = "generation-repeated" if len(set(chunks)) < len(chunks) else "generation-not-whole"
             verdict.anomaly(kind, f"{path}: {chunks[:8]}...{chunks[-3:]} ({len(chunks)} chunks)")
     started = {e["s"] for events in logs.values() for e in events if e["e"] == "generation"}
     for path in sorted(started - set(truth.generations)):
         verdict.anomaly("generation-vanished", f"{path} was started, and is not in the table")
+    for name, events in logs.items():
+        unended: set[tuple[str, int]] = set()
+        for event in events:
+            if event["e"] == "aisdk-start":
+                unended.add((event["s"], event["attempt"]))
+            elif event["e"] in ("aisdk-answer", "aisdk-error", "aisdk-gone"):
+                unended.discard((event["s"], event["attempt"]))
+            if event["e"].startswith("aisdk-") and event["e"] != "aisdk-start":
+                verdict.sessions[event["e"].replace("-", " ")] += 1
+            if event["e"] == "aisdk-answer" and event["texts"] != ["".join(_words(event["s"]))]:
+                verdict.anomaly("aisdk-wrong-answer", f"{name}: {event['s']} read as {event['texts']}")
+            if event["e"] == "aisdk-gone" and event["s"] not in truth.pruned:
+                verdict.anomaly("false-gone", f"{name}: {event['s']} was told gone, and was never pruned")
+        if unended and any(e["e"] == "done" for e in events):
+            verdict.anomaly("unfinished-session", f"{name}: AI SDK reads {sorted(unended)[:5]} never ended")
+
+
+def _words(path: str) -> list[str]:
+    return [f"w{i} " for i in range(int(path.rsplit("/", 1)[1]))]
+
+
+def _whole(path: str) -> list[Any]:
+    """What the task of the generation at ``path`` (``.../<kind>/<n>``) writes, as ``_written``
+    reads it."""
+    if path.rsplit("/", 2)[1] == "count":
+        return [f"{i} " for i in range(int(path.rsplit("/", 1)[1]))] + ["end"]
+    head, tail = ("start", "start-step", "text-start"), ("text-end", "finish-step", "finish")
+    return [(kind, None) for kind in head] + [("text-delta", w) for w in _words(path)] + [(k, None) for k in tail]
+
+
+def _written(path: str, chunks: list[str]) -> list[Any]:
+    """A generation's chunks: text as it is; an AI SDK answer's parts as (type, delta)."""
+    if path.rsplit("/", 2)[1] == "count":
+        return chunks
+    try:
+        return [(part["type"], part.get("delta")) for part in map(json.loads, chunks)]
+    except (ValueError, TypeError, KeyError):
+        return chunks  # not parts: not whole
 
 
 def _check_table(truth: Truth, where: dict[str, list[tuple[str, int]]], verdict: Verdict) -> None:

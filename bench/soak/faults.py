@@ -32,9 +32,9 @@ FROZEN_FOR = 3 * QUERY_TIMEOUT  # a frozen connection is dropped after this (its
 PRUNE_MARGIN = "5 seconds"  # only streams closed longer ago are pruned: none is still being closed
 
 
+# The backends of this database with an application_name; those whose name and last statement
+# match two patterns.
 _NAMED_SQL = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = %s"
-
-
 _LEASE_SQL = (
     "SELECT pid, application_name FROM pg_stat_activity WHERE datname = current_database()"
     " AND application_name LIKE %s AND query LIKE %s"
@@ -240,10 +240,10 @@ def _terminate(role: str) -> Callable[[Injections, random.Random], str]:
 # kind: (weight, injection)
 KINDS: dict[str, tuple[float, Callable[[Injections, random.Random], str]]] = {
     "kill-writer": (2.0, lambda f, rng: f.kill(("writer",), rng)),
-    "kill-reader": (2.0, lambda f, rng: f.kill(("reader", "clients"), rng)),
+    "kill-reader": (2.0, lambda f, rng: f.kill(("reader", "clients", "aisdk"), rng)),
     "kill-daphne": (1.5, lambda f, rng: f.kill(("daphne",), rng)),
     "stop-writer": (1.0, lambda f, rng: f.stop(("writer",), 2 * QUERY_TIMEOUT, rng)),
-    "stop-reader": (1.0, lambda f, rng: f.stop(("reader", "clients"), 12.0, rng)),
+    "stop-reader": (1.0, lambda f, rng: f.stop(("reader", "clients", "aisdk"), 12.0, rng)),
     "kill-task-worker": (1.5, lambda f, rng: f.kill(("worker",), rng)),
     "stop-task-worker": (1.5, lambda f, rng: f.stop(("worker",), 2 * QUERY_TIMEOUT, rng)),
     **{f"terminate-{role}": (1.0, _terminate(role)) for role in ROLES},

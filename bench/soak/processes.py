@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -157,15 +158,16 @@ class Processes:
                     slot.proc.wait(10)
 
 
+# The exceptions a task worker exits on when its database goes away.
+LOST_DATABASE = ("django.db.utils.OperationalError", "django.db.utils.InterfaceError", "psycopg.OperationalError")
+
+
 def _lost_database(slot: Slot) -> bool:
     """Whether ``slot`` is a task worker that exited on an error of its database connection:
     django-tasks-db's ``db_worker`` does when it cannot record a task's outcome (the server
     restarting, say), and a deployment's supervisor starts it again, as the soak's does."""
     raised = [line for line in slot.stderr_tail().splitlines() if line and not line[0].isspace()]
     return slot.role == "worker" and bool(raised) and raised[-1].startswith(LOST_DATABASE)
-
-
-LOST_DATABASE = ("django.db.utils.OperationalError", "django.db.utils.InterfaceError", "psycopg.OperationalError")
 
 
 def layout(
@@ -178,11 +180,11 @@ def layout(
     shards: int,
     ports: list[int],
 ) -> list[Slot]:
-    """The slots of a run: daphne on ``ports``, then writers, readers, clients and the task
-    workers; ``via`` is the database entry through the freezing proxy, ``standby`` the
-    standby's, ``bouncer`` PgBouncer's (or None), which the second daphne writes and reads
-    through, as the PgBouncer how-to says (LISTEN on a direct connection, nothing prepared);
-    every process notifies and listens on ``shards`` channels."""
+    """The slots of a run: daphne on ``ports``, then writers, readers, clients, the task
+    workers and the AI SDK reader (where node is); ``via`` is the database entry through the
+    freezing proxy, ``standby`` the standby's, ``bouncer`` PgBouncer's (or None), which the
+    second daphne writes and reads through, as the PgBouncer how-to says (LISTEN on a direct
+    connection, nothing prepared); every process notifies and listens on ``shards`` channels."""
     base = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "bench.soak.settings",
@@ -229,7 +231,25 @@ def layout(
     slots += [Slot("reader", i, worker("readers", i), proxied if i == 0 else on_standby, logs) for i in range(READERS)]
     slots += [Slot("clients", i, worker("clients", i), plain, logs) for i in range(CLIENTS)]
     slots += [Slot("worker", i, task_worker(i), plain, logs) for i in range(TASK_WORKERS)]
+    if not no_aisdk_reader():
+        slots.append(Slot("aisdk", 0, aisdk_reader(run_dir), plain, logs))
     return slots
+
+
+def no_aisdk_reader() -> str:
+    """Why this machine runs no AI SDK reader ("" if it does): it needs node and the pinned npm
+    packages (``npm ci`` in ``node/``)."""
+    if shutil.which("node") is None:
+        return "node is not installed"
+    if not (ROOT / "node" / "node_modules" / "ai").is_dir():
+        return "the npm packages are not installed (npm ci in node/)"
+    return ""
+
+
+def aisdk_reader(run_dir: Path) -> Callable[[int], list[str]]:
+    """The AI SDK reader (``node/soak_aisdk.mjs``), reading every AI SDK answer the run starts."""
+    script = str(ROOT / "node" / "soak_aisdk.mjs")
+    return lambda inc: ["node", script, json.dumps({"runDir": str(run_dir), "name": f"aisdk0-{inc}"})]
 
 
 def task_worker(index: int) -> Callable[[int], list[str]]:

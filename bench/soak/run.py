@@ -276,6 +276,8 @@ class Soak:
         )
         for kind, why in unavailable.items():
             self.say(f"soak: no {kind} faults here: {why}")
+        if why := processes.no_aisdk_reader():
+            self.say(f"soak: no AI SDK reader here: {why}")
         self._inject(injector, seconds)
 
         self.say("soak: settling: writers stop, every stream is closed, readers finish")
@@ -283,7 +285,7 @@ class Soak:
         self._wait(self._writers_done, 90, "writers to stop")
         self._close_everything()
         self._wait(self._generations_done, SETTLE, "the generations to end")
-        workers = self.processes.of("writer", "reader", "clients")
+        workers = self.processes.of("writer", "reader", "clients", "aisdk")
         self._wait(lambda: all(s.finished for s in workers), SETTLE, "readers")
         stuck = [f"{s.name}-{s.incarnation}: {s.stderr_tail(300)}" for s in workers if not s.finished]
         self.stop.set()
@@ -359,6 +361,7 @@ class Soak:
                 pruned.add(event["s"])
                 chunks[event["s"]] = {o: d for o, d in event["chunks"]}
             elif event["e"] == "pruning-generation":
+                pruned.add(event["s"])
                 generations[event["s"]] = check.Answer(True, event["attempts"], event["chunks"])
             elif event["e"] == "created":
                 created.add(event["s"])

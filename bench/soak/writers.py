@@ -23,8 +23,8 @@ from typing import Any
 from django.db import Error, connections, transaction
 
 import pgstreams
-from bench.tasks import count
-from pgstreams import generations
+from bench.tasks import answer, count
+from pgstreams import aisdk, generations
 
 from .record import (
     GAVE_UP,
@@ -151,22 +151,24 @@ class Writers:
         self.log(e="err", k="producer", s=stream.path, d=data, why="gave up", absent=False)
 
     def generation(self, rng: Any) -> None:
-        """Start a generation: an answer of ``n`` chunks at a model's pace, written by the
-        ``db_worker`` processes' tasks (``bench.tasks.count``), its path saying ``n``. Its
-        stream and task are made in one transaction, so a start either made both or neither."""
-        n = rng.randint(*GENERATION_CHUNKS)
-        path = f"{GENERATIONS_PREFIX}{json.loads(self.tag('g'))}/{n}"
-        made = generations.start(
-            count,
-            n,
-            TOKEN_DELAY,
-            last=GAVE_UP,
-            attempts=GENERATION_ATTEMPTS,
-            lease=GENERATION_LEASE,
-            queue_timeout=GENERATION_QUEUE,
-            stream={"label": GENERATION_LABEL, "path": path, "content_type": "text/plain"},
-            using="default",
-        )
+        """Start a generation written by the ``db_worker`` processes' tasks at a model's pace:
+        ``n`` chunks of text (``bench.tasks.count``), or an AI SDK answer of ``n`` words
+        (``bench.tasks.answer``), its path saying which and ``n``. Its stream and task are made
+        in one transaction, so a start either made both or neither."""
+        n, kind = rng.randint(*GENERATION_CHUNKS), rng.choice(("count", "answer"))
+        path = f"{GENERATIONS_PREFIX}{json.loads(self.tag('g'))}/{kind}/{n}"
+        options = {
+            "attempts": GENERATION_ATTEMPTS,
+            "lease": GENERATION_LEASE,
+            "queue_timeout": GENERATION_QUEUE,
+            "using": "default",
+        }
+        stream = {"label": GENERATION_LABEL, "path": path}
+        if kind == "answer":
+            made = aisdk.start_generation(answer, n, TOKEN_DELAY, stream=stream, **options)
+        else:
+            stream["content_type"] = "text/plain"
+            made = generations.start(count, n, TOKEN_DELAY, last=GAVE_UP, stream=stream, **options)
         self.log(e="generation", s=path, id=str(made.id))
 
     def append(self, rng: Any) -> None:

@@ -143,14 +143,58 @@ WHOLE = ["0 ", "1 ", "2 ", "end"]
     ],
 )
 def test_each_generation_not_written_whole_once_is_found(tmp_path: Path, answer: Answer, kind: str | None) -> None:
-    record(tmp_path, "writer1-0", {"e": "generation", "s": "g/writer1-0.g1/3", "id": "x"})
+    record(tmp_path, "writer1-0", {"e": "generation", "s": "g/writer1-0.g1/count/3", "id": "x"})
     t = truth({})
-    t.generations["g/writer1-0.g1/3"] = answer
+    t.generations["g/writer1-0.g1/count/3"] = answer
     verdict = check(tmp_path, t)
     assert dict(verdict.anomalies) == ({kind: 1} if kind else {}) and verdict.generations == 1
     assert verdict.takeovers == answer.attempts - 1
 
 
 def test_a_generation_started_and_not_in_the_table_is_found(tmp_path: Path) -> None:
-    record(tmp_path, "writer1-0", {"e": "generation", "s": "g/writer1-0.g1/3", "id": "x"})
+    record(tmp_path, "writer1-0", {"e": "generation", "s": "g/writer1-0.g1/count/3", "id": "x"})
     assert anomalies(tmp_path, truth({})) == {"generation-vanished": 1}
+
+
+def parts(*words: str, repeat: int | None = None) -> list[str]:
+    """An AI SDK answer's stored parts, its deltas ``words`` (the one at ``repeat`` twice)."""
+    deltas = [json.dumps({"type": "text-delta", "id": "text-1", "delta": w}) for w in words]
+    if repeat is not None:
+        deltas.insert(repeat, deltas[repeat])
+    head = [json.dumps({"type": kind}) for kind in ("start", "start-step", "text-start")]
+    return head + deltas + [json.dumps({"type": kind}) for kind in ("text-end", "finish-step", "finish")]
+
+
+@pytest.mark.parametrize(
+    ("stored", "kind"),
+    [
+        (parts("w0 ", "w1 "), None),
+        (parts("w0 ", "w1 ", repeat=1), "generation-repeated"),
+        (parts("w0 "), "generation-not-whole"),
+        (parts("w1 ", "w0 "), "generation-not-whole"),
+    ],
+)
+def test_an_ai_sdk_answer_is_checked_part_by_part(tmp_path: Path, stored: list[str], kind: str | None) -> None:
+    t = truth({})
+    t.generations["g/writer1-0.g1/answer/2"] = Answer(True, 1, stored)
+    assert anomalies(tmp_path, t) == ({kind: 1} if kind else {})
+
+
+@pytest.mark.parametrize(
+    ("events", "kind"),
+    [
+        ([{"e": "aisdk-answer", "texts": ["w0 w1 "]}], None),
+        ([{"e": "aisdk-answer", "texts": ["w0 w1 w1 "]}], "aisdk-wrong-answer"),
+        ([{"e": "aisdk-answer", "texts": ["w0 ", "w1 "]}], "aisdk-wrong-answer"),
+        ([{"e": "aisdk-error", "why": "cut"}, {"e": "aisdk-gone"}], "false-gone"),
+        ([], "unfinished-session"),
+    ],
+)
+def test_each_broken_promise_to_the_ai_sdk_reader_is_found(tmp_path: Path, events: list, kind: str | None) -> None:
+    path = "g/writer1-0.g1/answer/2"
+    started = [{"e": "aisdk-start", "s": path, "attempt": i} for i in range(max(1, len(events)))]
+    ended = [{**event, "s": path, "attempt": i} for i, event in enumerate(events)]
+    record(tmp_path, "aisdk0-0", *started, *ended, {"e": "done"})
+    t = truth({})
+    t.generations[path] = Answer(True, 1, parts("w0 ", "w1 "))
+    assert anomalies(tmp_path, t) == ({kind: 1} if kind else {})
