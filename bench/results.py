@@ -1,7 +1,8 @@
 """The results page: ``docs/results.md`` and the README's short table, made from the latest report
-of each kind of run in ``docs/results/`` (``pgstreams_bench ... --json docs/results/<kind>.json``;
-``pgstreams_bench --results`` writes both). Every report says how it was made (``facts``): the
-command, the date, the commit and the machine. Reads JSON and writes Markdown; runs nothing.
+of each kind of run in ``docs/results/`` (``pgstreams_bench ... --json docs/results/<kind>.json``,
+``pgstreams_soak ... --json docs/results/soak.json``; ``pgstreams_bench --results`` writes
+both). Every report says how it was made (``facts``): the command, the date, the commit and the
+machine. Reads JSON and writes Markdown; runs nothing.
 """
 
 from __future__ import annotations
@@ -86,6 +87,16 @@ KINDS = [
         ),
     ),
     Kind(
+        "soak",
+        "The soak",
+        (
+            "Every kind of writer and reader at once (generations on db_worker processes, AI SDK answers "
+            "read by the SDK's own client, PgBouncer, idempotent producers), several processes, under "
+            "faults drawn from each seed; every stream checked against the table "
+            '(docs/explanation/reliability.md, "The soak").'
+        ),
+    ),
+    Kind(
         "frozen",
         "A reader process frozen",
         (
@@ -97,15 +108,15 @@ KINDS = [
 ]
 
 
-def facts(argv: list[str]) -> dict[str, Any]:
+def facts(argv: list[str], program: str = "pgstreams_bench") -> dict[str, Any]:
     """How a report is made, taken before its run: the command (``argv``: its options as given to
-    manage.py; none when called from Python), when, at which commit, on what machine. The
-    report's ``kind`` is added when it is known."""
+    manage.py ``program``; none when called from Python), when, at which commit, on what
+    machine. The report's ``kind`` is added when it is known."""
     from .run import host
 
     facts = host()
     return {
-        "command": f"python manage.py pgstreams_bench {shlex.join(argv)}" if argv else "call_command()",
+        "command": f"python manage.py {program} {shlex.join(argv)}" if argv else "call_command()",
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "commit": _commit(),
         "machine": f"{facts['cpus']} CPUs, {facts['memory_gib']:.0f} GiB, Python {facts['python']}, "
@@ -145,6 +156,7 @@ def table(report: dict[str, Any]) -> str:
     from .fanout import table as fanout
     from .fleet import fleet_table, frozen_table
     from .report import table as modes
+    from .soak.run import table as soak
     from .takeover import table as takeover
 
     kind = report["run"]["kind"]
@@ -159,6 +171,7 @@ def table(report: dict[str, Any]) -> str:
         "durable": durable,
         "catch_up": catch_up,
         "takeover": takeover,
+        "soak": soak,
     }
     return tables[kind](report)
 

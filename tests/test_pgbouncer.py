@@ -15,9 +15,9 @@ from django.db import connection
 from django.test import override_settings
 
 import pgstreams
+from bench.pgbouncer import pgbouncer_missing, running_pgbouncer
 from pgstreams import notify
 from tests.helpers import database_alias
-from bench.pgbouncer import pgbouncer_missing, running_pgbouncer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -27,8 +27,9 @@ from typing import Any
 LABEL = "pgstreams soak"
 CONTENT_TYPE = "application/json"
 PHASE_FILE = "phase"  # "run" while writing, "settle" once writers must stop
-# Generations: answers written by the db_worker processes' tasks, each "0 ", "1 ", ... "<n-1> ",
-# then "end", its path ending with n. Labelled apart: no other writer, reader or prune meets them.
+# Generations: written by the db_worker processes' tasks, plain text ("0 " ... "<n-1> ", "end")
+# or AI SDK answers (n words), their paths ending with "count/<n>" or "answer/<n>". Labelled
+# apart: no other writer or reader meets them, and the check reads them on their own.
 GENERATION_LABEL = "pgstreams soak generation"
 GENERATIONS_PREFIX = "soak-generation/"
 GENERATION_CHUNKS = (10, 60)

@@ -75,6 +75,7 @@ class Outcome:
     run_dir: Path
     seconds: float
     kinds_unavailable: dict[str, str] = field(default_factory=dict)
+    notify_shards: int = 1
 
     @property
     def anomalies(self) -> int:
@@ -304,6 +305,7 @@ class Soak:
             self.run_dir,
             elapsed,
             unavailable,
+            self.shards,
         )
 
     def _inject(self, injector: faults.Injector, seconds: float) -> None:
@@ -465,6 +467,54 @@ def report(outcome: Outcome, seed: int, say: Callable[[str], None]) -> None:
         f"({verdict.written} written, {verdict.delivered} delivered), {outcome.anomalies} anomalies, "
         f"seed {seed} ({outcome.seconds:.0f} s in all)"
     )
+
+
+def summary(outcome: Outcome, config: SoakConfig) -> dict[str, Any]:
+    """A run's figures, for the results page's report (``pgstreams_soak --json``)."""
+    verdict, tally = outcome.verdict, outcome.tally
+    anomalies = dict(verdict.anomalies)
+    if outcome.crashes or outcome.stuck:
+        anomalies.update({"crash": len(outcome.crashes), "stuck": len(outcome.stuck)})
+    return {
+        "seed": config.seed,
+        "minutes": config.minutes,
+        "fault_every": config.fault_every,
+        "notify_shards": outcome.notify_shards,
+        "seconds": round(outcome.seconds),
+        "faults": dict(sorted(tally.injected.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "not_injectable_here": outcome.kinds_unavailable,
+        "chunks_written": verdict.written,
+        "chunks_delivered": verdict.delivered,
+        "generations": verdict.generations,
+        "takeovers": verdict.takeovers,
+        "ai_sdk_answers_read": verdict.sessions.get("aisdk answer", 0),
+        "task_workers_restarted": len(outcome.lost_database),
+        "anomalies": anomalies,
+    }
+
+
+def table(report: dict[str, Any]) -> str:
+    """The runs of a soak report, a line each, then each run's faults by kind."""
+    header = ("seed", "min", "shards", "faults (kinds)", "chunks written / delivered", "generations (taken over)")
+    rows = [(*header, "AI SDK answers read", "anomalies")]
+    for run in report["soak"]:
+        rows.append(
+            (
+                str(run["seed"]),
+                f"{run['minutes']:g}",
+                str(run["notify_shards"]),
+                f"{sum(run['faults'].values())} ({len(run['faults'])})",
+                f"{run['chunks_written']:,} / {run['chunks_delivered']:,}",
+                f"{run['generations']} ({run['takeovers']})",
+                str(run["ai_sdk_answers_read"]),
+                str(sum(run["anomalies"].values())),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+    for run in report["soak"]:
+        lines.append(f"seed {run['seed']}: " + ", ".join(f"{kind} {n}" for kind, n in run["faults"].items()))
+    return "\n".join(lines)
 
 
 def soak(config: SoakConfig, say: Callable[[str], None] = print) -> Outcome:

@@ -25,5 +25,6 @@ def test_each_report_says_how_it_was_made(kind: str) -> None:
     if report is None:
         pytest.skip(f"no docs/results/{kind}.json yet")
     run = report["run"]
-    assert run["kind"] == kind and run["command"].startswith("python manage.py pgstreams_bench ")
+    program = "pgstreams_soak" if kind == "soak" else "pgstreams_bench"
+    assert run["kind"] == kind and run["command"].startswith(f"python manage.py {program} ")
     assert "--json docs/results/" in run["command"] and run["commit"] != "unknown" and run["date"]
