@@ -1,7 +1,7 @@
 """The soak's coordinator: a database of its own, the streams, the schedule of faults, the
 settling, and the verdict.
 
-A run makes a database (``pgstreams_soak_<pid>``) on the server ``DATABASES['default']`` names,
+A run makes a database (``pgstreams_soak_<pid>_<seed>``) on the server ``DATABASES['default']`` names,
 and drops it afterwards: pruning and restarts touch nothing of anyone else's. In front of it, a
 freezing proxy; beside it, a hot standby where this machine has the binaries for one, and a
 PgBouncer (transaction pooling) where it has Debian's, which one daphne goes through; in front of
@@ -95,7 +95,7 @@ class Soak:
         self.stop = threading.Event()
         self.open: dict[str, tuple[uuid.UUID, float]] = {}  # path -> (id, when to close it)
         self.created = self.closes = 0
-        self.name = f"pgstreams_soak_{os.getpid()}"
+        self.name = f"pgstreams_soak_{os.getpid()}_{config.seed}"
         self.standby: pgserver.Standby | None = None
         self.bouncer: PgBouncer | None = None
         self.proxies: list[FreezingProxy] = []
@@ -112,6 +112,7 @@ class Soak:
         from django.core.management import call_command
         from django.db import connections
 
+        connections.close_all()  # an earlier run's server restarts left them dead
         base = connections["default"]
         base.ensure_connection()  # the embedded backend fills HOST and PORT in when it connects
         with pgserver.connect(base.settings_dict) as conn:
@@ -126,6 +127,7 @@ class Soak:
         from django.db import connections
 
         connections["soak"].close()
+        del connections["soak"]  # the next run's "soak" is another database
         with pgserver.connect(connections["default"].settings_dict) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self.name)))
 
