@@ -11,7 +11,7 @@
 // fails (a cut connection the client gives up on, a server killed) is noted and read again
 // from the start. Once the run settles and every answer found has been read, it notes "done"
 // and exits 0.
-import { appendFileSync, readdirSync, readFileSync } from "node:fs"
+import { appendFileSync, closeSync, openSync, readdirSync, readFileSync, readSync, statSync } from "node:fs"
 import { join } from "node:path"
 import { stream } from "@durable-streams/client"
 import { readUIMessageStream } from "ai"
@@ -35,19 +35,36 @@ function settling() {
   }
 }
 
+// The AI SDK answers the writers started, from their records as they grow: each file read from
+// where the last look left it, whole lines only.
+const known = []
+const readUpTo = new Map() // record file -> bytes looked at
 function answers() {
-  const found = []
-  for (const file of readdirSync(join(options.runDir, "log"))) {
+  const folder = join(options.runDir, "log")
+  for (const file of readdirSync(folder)) {
     if (!file.startsWith("writer")) continue
-    for (const line of readFileSync(join(options.runDir, "log", file), "utf8").split("\n")) {
+    const path = join(folder, file)
+    const from = readUpTo.get(file) ?? 0
+    const size = statSync(path).size
+    if (size <= from) continue
+    const bytes = Buffer.alloc(size - from)
+    const fd = openSync(path, "r")
+    try {
+      readSync(fd, bytes, 0, bytes.length, from)
+    } finally {
+      closeSync(fd)
+    }
+    const whole = bytes.lastIndexOf(10) + 1 // up to the last newline
+    readUpTo.set(file, from + whole)
+    for (const line of bytes.subarray(0, whole).toString("utf8").split("\n")) {
       if (!line.includes('"generation"')) continue
       try {
         const event = JSON.parse(line)
-        if (event.e === "generation" && event.s.includes("/answer/")) found.push(event.s)
+        if (event.e === "generation" && event.s.includes("/answer/")) known.push(event.s)
       } catch {} // a line cut short by SIGKILL
     }
   }
-  return found
+  return known
 }
 
 function toReadableStream(iterable) {
