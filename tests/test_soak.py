@@ -22,9 +22,10 @@ SUMMARY = re.compile(r"soak: (\d+) faults \((\d+) kinds\), (\d+) chunks checked 
 SURVIVED = re.compile(r"soak: faults survived: (.*)")
 ANSWERS = re.compile(r"soak: generations: (\d+) answers checked")
 READ_BY_THE_SDK = re.compile(r"aisdk answer (\d+)")
-# A seed whose half minute, a fault every 1.2 s on average, schedules 13 of the 18 kinds (where a
-# standby, a restartable server and PgBouncer exist), each of these twice, apart, so that one
-# finds its target whatever else happens; and draws NOTIFY_SHARDS 1024.
+NOT_HERE = re.compile(r"soak: no ([a-z-]+) faults here")
+# A seed whose half minute, a fault every 1.2 s on average, schedules 13 of the 18 kinds, each of
+# these twice, apart, so that one finds its target whatever else happens (those this machine
+# cannot inject aside: no PgBouncer, say); and draws NOTIFY_SHARDS 1024.
 FIXED_SEED, FIXED_EVERY = 157463, "1.2"
 NEW_KINDS = {
     "stop-writer",
@@ -54,4 +55,4 @@ def test_a_short_soak_under_every_fault_loses_and_doubles_nothing(seed: int) -> 
     assert int(READ_BY_THE_SDK.search(done.stdout)[1]) > 0  # AI SDK answers read whole by the SDK's own client
     if seed == FIXED_SEED:
         survived = {part.rsplit(" ", 1)[0] for part in SURVIVED.search(done.stdout).group(1).split(", ")}
-        assert NEW_KINDS <= survived
+        assert NEW_KINDS - set(NOT_HERE.findall(done.stdout)) <= survived

@@ -269,9 +269,10 @@ class Soak:
         kinds = self.config.kinds or list(faults.KINDS)
         unavailable = {k: why for k in kinds if (why := injections.unavailable(k))}
         seconds = self.config.minutes * 60
-        available = [k for k in kinds if k not in unavailable]
+        # Drawn from every kind asked for, so that a seed schedules the same faults on any machine;
+        # one this machine cannot inject finds nothing to act on when its moment comes.
         injector = faults.Injector(
-            injections, faults.schedule(self.config.seed, seconds, self.config.fault_every, available), self.log
+            injections, faults.schedule(self.config.seed, seconds, self.config.fault_every, kinds), self.log
         )
         self.say(
             f"soak: seed {self.config.seed}, {self.config.minutes:g} min, {len(injector.faults)} faults scheduled, "
