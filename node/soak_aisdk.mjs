@@ -81,7 +81,7 @@ function toReadableStream(iterable) {
   })
 }
 
-async function read(path, attempt) {
+async function read(path, attempt, seen) {
   const host = hosts[attempt % hosts.length]
   const signal = AbortSignal.timeout(READ_TIMEOUT)
   note({ e: "aisdk-start", s: path, attempt })
@@ -93,19 +93,19 @@ async function read(path, attempt) {
     signal,
   })
   let message
-  let last // the last part the client gave: an answer read whole ends with "finish"
   const parts = toReadableStream(response.jsonStream()).pipeThrough(
     new TransformStream({
       transform(part, controller) {
-        last = part.type
+        seen.push([part.type, part.type === "text-delta" ? part.delta : null]) // what the client gave, in order
         controller.enqueue(part)
       },
     }),
   )
   for await (const made of readUIMessageStream({ stream: parts })) message = made
+  const last = seen.at(-1)?.[0]
   if (last !== "finish") throw new EndedEarly(last)
   const texts = (message?.parts ?? []).filter((p) => p.type === "text").map((p) => p.text)
-  note({ e: "aisdk-answer", s: path, texts, parts: (message?.parts ?? []).map((p) => p.type), attempt })
+  note({ e: "aisdk-answer", s: path, texts, parts: (message?.parts ?? []).map((p) => p.type), seen, attempt })
 }
 
 // The client's stream of parts ended before the answer's last part: it does so when a connection
@@ -128,15 +128,16 @@ while (true) {
   for (const path of answers()) {
     if (finished.has(path) || running.has(path) || running.size >= AT_ONCE) continue
     const attempt = attempts++
+    const seen = [] // each part the client gave this read: [type, delta]
     running.set(
       path,
-      read(path, attempt)
+      read(path, attempt, seen)
         .then(() => finished.add(path))
         .catch((error) => {
           if (GONE.has(error?.status)) {
             note({ e: "aisdk-gone", s: path, attempt }) // pruned: nothing more to read
             finished.add(path)
-          } else note({ e: "aisdk-error", s: path, why: String(error).slice(0, 200), attempt })
+          } else note({ e: "aisdk-error", s: path, why: String(error).slice(0, 200), seen, attempt })
         })
         .finally(() => running.delete(path)),
     )

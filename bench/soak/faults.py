@@ -141,9 +141,10 @@ class Injections:
         """``pg_terminate_backend`` of a Django connection caught running, or having just run, a
         statement on a generation's lease: a generations thread's (it renews the leases of its
         process's generations a third of a lease apart and looks for takeovers every second,
-        its looks ending with a COMMIT), or a task's ``take()``. Looked for during up to 3 s."""
+        its looks ending with a COMMIT), or a task's ``take()``. Looked for during up to 10 s: a
+        renewal comes every 0.67 s while any generation is being written."""
         with self.server_lock, self._db() as conn:
-            deadline = time.monotonic() + 3.0
+            deadline = time.monotonic() + 10.0
             while not (found := conn.execute(_LEASE_SQL, [f"{DJANGO_CONNECTIONS} %", "%pgstreams_lease%"]).fetchall()):
                 if time.monotonic() > deadline:
                     raise NotInjected("no connection of a generations thread")

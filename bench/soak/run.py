@@ -126,8 +126,6 @@ class Soak:
     def _drop_database(self) -> None:
         from django.db import connections
 
-        connections["soak"].close()
-        del connections["soak"]  # the next run's "soak" is another database
         with pgserver.connect(connections["default"].settings_dict) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self.name)))
 
@@ -237,8 +235,12 @@ class Soak:
         standby_entry = self.standby.database() if self.standby is not None else None
         no_bouncer = pgbouncer_missing() or ""
         if not no_bouncer:
-            self.bouncer = PgBouncer(self.entry, pool_size=4)
-            self.bouncer.start()
+            try:
+                self.bouncer = PgBouncer(self.entry, pool_size=4)
+            except ValueError as exc:  # an entry it cannot stand in front of (no HOST, no USER)
+                no_bouncer = str(exc)
+            else:
+                self.bouncer.start()
         slots = processes.layout(
             self.run_dir,
             self.config.seed,
@@ -413,6 +415,10 @@ class Soak:
 
         appender.stop_appenders()
         notify.stop_flusher()
+        from django.db import connections
+
+        connections["soak"].close()
+        del connections["soak"]  # the next run's "soak" is another database, kept or not
         if not self.config.keep:
             with contextlib.suppress(Exception):
                 self._drop_database()
@@ -490,7 +496,8 @@ def summary(outcome: Outcome, config: SoakConfig) -> dict[str, Any]:
         "chunks_delivered": verdict.delivered,
         "generations": verdict.generations,
         "takeovers": verdict.takeovers,
-        "ai_sdk_answers_read": verdict.sessions.get("aisdk answer", 0),
+        "ai_sdk_reads_whole": verdict.sessions.get("aisdk answer", 0),
+        "ai_sdk_answers_read_whole": len(verdict.aisdk_answers),
         "task_workers_restarted": len(outcome.lost_database),
         "anomalies": anomalies,
     }
@@ -499,7 +506,7 @@ def summary(outcome: Outcome, config: SoakConfig) -> dict[str, Any]:
 def table(report: dict[str, Any]) -> str:
     """The runs of a soak report, a line each, then each run's faults by kind."""
     header = ("seed", "min", "shards", "faults (kinds)", "chunks written / delivered", "generations (taken over)")
-    rows = [(*header, "AI SDK answers read", "anomalies")]
+    rows = [(*header, "AI SDK reads whole (answers)", "anomalies")]
     for run in report["soak"]:
         rows.append(
             (
@@ -509,7 +516,7 @@ def table(report: dict[str, Any]) -> str:
                 f"{sum(run['faults'].values())} ({len(run['faults'])})",
                 f"{run['chunks_written']:,} / {run['chunks_delivered']:,}",
                 f"{run['generations']} ({run['takeovers']})",
-                str(run["ai_sdk_answers_read"]),
+                f"{run['ai_sdk_reads_whole']} ({run.get('ai_sdk_answers_read_whole', '-')})",
                 str(sum(run["anomalies"].values())),
             )
         )

@@ -180,12 +180,21 @@ def test_an_ai_sdk_answer_is_checked_part_by_part(tmp_path: Path, stored: list[s
     assert anomalies(tmp_path, t) == ({kind: 1} if kind else {})
 
 
+HEAD = [["start", None], ["start-step", None], ["text-start", None]]
+WORDS = [["text-delta", "w0 "], ["text-delta", "w1 "]]
+TAIL = [["text-end", None], ["finish-step", None], ["finish", None]]
+WHOLE_READ = {"e": "aisdk-answer", "texts": ["w0 w1 "], "parts": ["step-start", "text"], "seen": HEAD + WORDS + TAIL}
+
+
 @pytest.mark.parametrize(
     ("events", "kind"),
     [
-        ([{"e": "aisdk-answer", "texts": ["w0 w1 "]}], None),
-        ([{"e": "aisdk-answer", "texts": ["w0 w1 w1 "]}], "aisdk-wrong-answer"),
-        ([{"e": "aisdk-answer", "texts": ["w0 ", "w1 "]}], "aisdk-wrong-answer"),
+        ([WHOLE_READ], None),
+        ([{"e": "aisdk-error", "why": "cut", "seen": HEAD + WORDS[:1]}, WHOLE_READ], None),
+        ([{**WHOLE_READ, "texts": ["w0 w1 w1 "]}], "aisdk-wrong-answer"),
+        ([{**WHOLE_READ, "texts": ["w0 ", "w1 "], "parts": ["step-start", "text", "text"]}], "aisdk-wrong-answer"),
+        ([{**WHOLE_READ, "seen": HEAD[:1] + HEAD + WORDS + TAIL}], "aisdk-wrong-answer"),  # a part twice
+        ([{"e": "aisdk-error", "why": "no text part", "seen": HEAD[:2] + WORDS[:1]}], "aisdk-wrong-parts"),
         ([{"e": "aisdk-error", "why": "cut"}, {"e": "aisdk-gone"}], "false-gone"),
         ([], "unfinished-session"),
     ],
