@@ -2,15 +2,15 @@
 // "/answer/"), read once from its first part by the SDK's own pieces, as the Durable Streams chat
 // transport reads one (@durable-streams/aisdk-transport): the Durable Streams client following
 // the answer's stream over SSE as JSON, and the AI SDK's readUIMessageStream making the message.
-// What each read gave is written to the run's record as JSON lines (bench/soak/record.py); an
-// answer pruned before it was read whole is noted as gone.
+// What each read gave (the parts, in order, and the message) is written to the run's record as
+// JSON lines (bench/soak/record.py); an answer pruned before it was read whole is noted as gone.
 //
 //   node soak_aisdk.mjs '{"runDir": "...", "name": "aisdk0-0"}'
 //
-// It reads through the servers' client proxies (the run's config.json). The answers are found in the writers' records ({"e": "generation", "s": path}). A read that
-// fails (a cut connection the client gives up on, a server killed) is noted and read again
-// from the start. Once the run settles and every answer found has been read, it notes "done"
-// and exits 0.
+// It reads through the servers' client proxies (the run's config.json). The answers are found in
+// the writers' records ({"e": "generation", "s": path}). A read that fails or ends early (a cut
+// connection, a server killed) is noted and read again from the start. Once the run settles and
+// every answer found has been read, it notes "done" and exits 0.
 import { appendFileSync, closeSync, openSync, readdirSync, readFileSync, readSync, statSync } from "node:fs"
 import { join } from "node:path"
 import { stream } from "@durable-streams/client"
@@ -96,7 +96,7 @@ async function read(path, attempt, seen) {
   const parts = toReadableStream(response.jsonStream()).pipeThrough(
     new TransformStream({
       transform(part, controller) {
-        seen.push([part.type, part.type === "text-delta" ? part.delta : null]) // what the client gave, in order
+        seen.push([part.type, part.type === "text-delta" ? part.delta : null]) // as the client gave it
         controller.enqueue(part)
       },
     }),
@@ -108,8 +108,8 @@ async function read(path, attempt, seen) {
   note({ e: "aisdk-answer", s: path, texts, parts: (message?.parts ?? []).map((p) => p.type), seen, attempt })
 }
 
-// The client's stream of parts ended before the answer's last part: it does so when a connection
-// is cut in the middle of a response (@durable-streams/client 0.2.7), and the read starts again.
+// The client's stream of parts ended before the answer's last part: @durable-streams/client 0.2.7
+// does so when a connection is cut in the middle of a response. The read starts again.
 class EndedEarly extends Error {
   constructor(last) {
     super(`the parts ended after ${last}, before the answer's finish`)
