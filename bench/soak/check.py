@@ -101,6 +101,7 @@ def check(run_dir: Path, truth: Truth) -> Verdict:
     _check_writers(logs, truth, where, verdict)
     _check_readers(logs, truth, verdict)
     _check_generations(logs, truth, verdict)
+    _check_aisdk_reader(logs, truth, verdict)
     return verdict
 
 
@@ -117,6 +118,9 @@ def _check_generations(logs: dict[str, list[dict[str, Any]]], truth: Truth, verd
     started = {e["s"] for events in logs.values() for e in events if e["e"] == "generation"}
     for path in sorted(started - set(truth.generations)):
         verdict.anomaly("generation-vanished", f"{path} was started, and is not in the table")
+
+
+def _check_aisdk_reader(logs: dict[str, list[dict[str, Any]]], truth: Truth, verdict: Verdict) -> None:
     for name, events in logs.items():
         unended: set[tuple[str, int]] = set()
         for event in events:
