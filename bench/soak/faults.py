@@ -215,8 +215,8 @@ class Injections:
             done = maintenance.prune(cutoff, batch=batch, using="soak")
         finally:
             connections.close_all()
-        if done.streams != len(doomed):
-            self.log(e="prune-race", copied=len(doomed), pruned=done.streams)
+        if done.streams != len(doomed) + len(answers):
+            self.log(e="prune-race", copied=len(doomed) + len(answers), pruned=done.streams)
         return f"{done.streams} stream(s), {done.chunks} chunk(s), batch {batch}"
 
     def cut_clients(self, rng: random.Random) -> str:
@@ -303,19 +303,25 @@ class Injector:
             if self._stop.wait(max(0.0, started + fault.at - time.monotonic())):
                 break
             self.injections.db_proxy.drop_frozen(FROZEN_FOR)
-            with self._lock:
+            with self._lock:  # stop() sets the flag under it: no fault starts after it has looked
+                if self._stop.is_set():
+                    break
                 if fault.kind in self._running:
                     self.tally.skipped[fault.kind] += 1
                     continue
                 self._running.add(fault.kind)
-            thread = threading.Thread(target=self._inject, args=(fault,), name=f"soak-fault-{fault.kind}", daemon=True)
-            self._threads.append(thread)
-            thread.start()
+                thread = threading.Thread(
+                    target=self._inject, args=(fault,), name=f"soak-fault-{fault.kind}", daemon=True
+                )
+                self._threads.append(thread)
+                thread.start()
 
     def stop(self) -> None:
         """Start no more faults; wait for those running to end; drop every frozen connection."""
-        self._stop.set()
-        for thread in self._threads:
+        with self._lock:
+            self._stop.set()
+            threads = list(self._threads)
+        for thread in threads:
             thread.join(120)
         self.injections.db_proxy.drop_frozen(0)
 
