@@ -153,22 +153,29 @@ def _check_aisdk_read(name: str, event: dict[str, Any], verdict: Verdict) -> Non
         verdict.aisdk_answers.add(event["s"])
 
 
+def _generation(path: str) -> tuple[str, int]:
+    """What a generation's path (``.../<kind>/<n>``) says: its task's kind, and its length."""
+    kind, n = path.rsplit("/", 2)[1:]
+    return kind, int(n)
+
+
 def _words(path: str) -> list[str]:
-    return [f"w{i} " for i in range(int(path.rsplit("/", 1)[1]))]
+    return [f"w{i} " for i in range(_generation(path)[1])]
 
 
 def _whole(path: str) -> list[Any]:
     """What the task of the generation at ``path`` (``.../<kind>/<n>``) writes, as ``_written``
     reads it."""
-    if path.rsplit("/", 2)[1] == "count":
-        return [f"{i} " for i in range(int(path.rsplit("/", 1)[1]))] + ["end"]
+    kind, n = _generation(path)
+    if kind == "count":
+        return [f"{i} " for i in range(n)] + ["end"]
     head, tail = ("start", "start-step", "text-start"), ("text-end", "finish-step", "finish")
     return [(kind, None) for kind in head] + [("text-delta", w) for w in _words(path)] + [(k, None) for k in tail]
 
 
 def _written(path: str, chunks: list[str]) -> list[Any]:
     """A generation's chunks: text as it is; an AI SDK answer's parts as (type, delta)."""
-    if path.rsplit("/", 2)[1] == "count":
+    if _generation(path)[0] == "count":
         return chunks
     try:
         return [(part["type"], part.get("delta")) for part in map(json.loads, chunks)]
