@@ -222,12 +222,18 @@ class ChatConsumer(AsyncWebsocketConsumer):
             await self.stop_answer(serving.stream_id)
 
     async def stop_answer(self, stream_id: uuid.UUID) -> None:
+        """Stop the answer for everyone (``stop_on_abort``), to its end even if this consumer is
+        cancelled meanwhile (a server shutting down, a client given up): the abort was heard."""
         if not self.stop_on_abort:
             return
+        stopping = asyncio.ensure_future(_stop(stream_id))
+        _methods.add(stopping)
+        stopping.add_done_callback(_methods.discard)
         try:
-            await aisdk.astop(stream_id, reason="stopped by the user")
-        except StreamError:
-            logger.exception("pgstreams: could not stop the answer in stream %s", stream_id)
+            await asyncio.shield(stopping)
+        except asyncio.CancelledError:
+            stopping.add_done_callback(_unheard)
+            raise
 
     # -- one request ------------------------------------------------------------------------------
 
@@ -441,7 +447,16 @@ class ChatConsumer(AsyncWebsocketConsumer):
         await self.close(code=code, reason=reason[:120])
 
 
-_methods: set[asyncio.Future[Any]] = set()  # subclasses' methods running, which the loop holds only weakly
+# Subclasses' methods and answers' stops running, which the loop holds only weakly: each goes on
+# to its end if its request's task is cancelled.
+_methods: set[asyncio.Future[Any]] = set()
+
+
+async def _stop(stream_id: uuid.UUID) -> None:
+    try:
+        await aisdk.astop(stream_id, reason="stopped by the user")
+    except StreamError:
+        logger.exception("pgstreams: could not stop the answer in stream %s", stream_id)
 
 
 class _GivenUp(Exception):
@@ -463,9 +478,9 @@ def _is_id(value: Any) -> bool:
 
 
 def _unheard(method: asyncio.Future[Any]) -> None:
-    """Log what a subclass's method raised after its request ended (its socket closed)."""
+    """Log what a subclass's method or a stop raised after its request ended (its socket closed)."""
     if not method.cancelled() and (error := method.exception()) is not None:
-        logger.error("pgstreams: a WebSocket chat method failed after its socket closed", exc_info=error)
+        logger.error("pgstreams: a WebSocket chat request's work failed after its socket closed", exc_info=error)
 
 
 def _checked(frame: dict[str, Any], request_id: str) -> ChatRequest:

@@ -240,6 +240,40 @@ async def test_an_abort_stops_the_answer_for_every_reader_and_a_closed_socket_st
     assert (await stored(kept))[-1] == {"type": "finish"}
 
 
+async def test_an_abort_whose_stop_is_under_way_when_the_consumer_is_cancelled_still_stops_the_answer(
+    user, monkeypatch
+) -> None:
+    """A server shutting down (or a client given up) cancels the consumer while an abort's stop
+    is being written: the stop goes on, and the answer ends with it for every reader."""
+    real, entered = aisdk.astop, asyncio.Event()
+
+    async def slow_stop(*args: Any, **kwargs: Any) -> bool:
+        entered.set()
+        await asyncio.sleep(0.2)  # a slow round trip to Postgres
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(aisdk, "astop", slow_stop)
+    Chats.pause = 0.1
+    try:
+        ws = await connect(user)
+        await ws.send_json_to(send("r1"))
+        await frames_until(ws, lambda f: f.get("sequence") == 4)
+        await ws.send_json_to({"type": "abort", "requestId": "r1"})
+        await asyncio.wait_for(entered.wait(), 10)
+        ws.future.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await ws.future
+        answer = Chats.chats["c1"][0]
+        for _ in range(50):  # bounded: the stop, or the answer's finish, comes within seconds
+            if (await stored(answer))[-1]["type"] in ("abort", "finish"):
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        Chats.pause = 0.02
+    parts = await stored(answer)
+    assert parts[-1] == {"type": "abort", "reason": "stopped by the user"} and "finish" not in str(parts)
+
+
 async def test_an_abort_that_comes_while_the_answer_starts_stops_it_once_it_has(user) -> None:
     Chats.starting = 0.3
     ws = await connect(user)
