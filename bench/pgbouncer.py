@@ -210,10 +210,9 @@ class PgBouncer:
         run_as = _run_as_user(host)
         self.directory = Path(tempfile.mkdtemp(prefix="pgstreams-pgbouncer-"))
         self.proc: subprocess.Popen[bytes] | None = None
-        listen_port = _free_port()
+        self.pool_mode, self.pool_size, self.listen_port = pool_mode, pool_size, _free_port()
         config = self.directory / "pgbouncer.ini"
-        upstream_port = int(settings_dict.get("PORT") or 5432)
-        config.write_text(_config(host, upstream_port, listen_port, self.directory, pool_mode, pool_size))
+        self._write_config(settings_dict)
         userlist = self.directory / "userlist.txt"
         userlist.write_text(f"{_quote_field(user)} {_quote_field(str(settings_dict.get('PASSWORD') or ''))}\n")
         self.log = self.directory / "pgbouncer.log"
@@ -226,9 +225,14 @@ class PgBouncer:
         self.command = [binary, *(["-u", run_as] if run_as else []), str(config)]
         self.entry = copy.deepcopy(settings_dict)
         self.entry["HOST"] = "127.0.0.1"
-        self.entry["PORT"] = str(listen_port)
+        self.entry["PORT"] = str(self.listen_port)
         options = settings_dict.get("OPTIONS") or {}
         self.entry["OPTIONS"] = {key: value for key, value in options.items() if key not in HOST_SPECIFIC_OPTIONS}
+
+    def _write_config(self, settings_dict: dict[str, Any]) -> None:
+        host, port = str(settings_dict.get("HOST") or ""), int(settings_dict.get("PORT") or 5432)
+        config = _config(host, port, self.listen_port, self.directory, self.pool_mode, self.pool_size)
+        (self.directory / "pgbouncer.ini").write_text(config)
 
     def start(self) -> None:
         """Start it, and return once it serves a query (RuntimeError with its log if it does not)."""
@@ -245,6 +249,13 @@ class PgBouncer:
         """Stop it, wait ``down`` seconds, start it again on the same port."""
         self.stop()
         time.sleep(down)
+        self.start()
+
+    def retarget(self, settings_dict: dict[str, Any]) -> None:
+        """Point it at another server of the same databases and user (a promoted standby, on
+        one HOST as ``__init__`` asks), and start it again there on the same port."""
+        self.stop()
+        self._write_config(settings_dict)
         self.start()
 
     def logins(self) -> int:

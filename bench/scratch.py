@@ -110,12 +110,14 @@ class Scratch:
     def pg_ctl(self, data: Path, *args: str) -> None:
         self.run("pg_ctl", "-D", data, "-w", "-t", "60", "-l", data.with_suffix(".log"), *args)
 
-    def run(self, program: str, *args: Any) -> None:
+    def run(self, program: str, *args: Any) -> str:
+        """Run one of the binaries (as the servers' user); its output."""
         command = [str(self.bin / program), *map(str, args)]
         done = subprocess.run(command, user=self.user, capture_output=True, text=True, timeout=120, check=False)
         if done.returncode:
             logs = "".join(f"\n--- {log.name}:\n{log.read_text()[-2000:]}" for log in sorted(self.root.glob("*.log")))
             raise RuntimeError(f"{program} failed ({done.returncode}): {done.stderr.strip()}{logs}")
+        return done.stdout
 
     def entry(self, port: int) -> dict[str, Any]:
         """A ``settings.DATABASES`` entry for the server on ``port``."""

@@ -76,6 +76,23 @@ class Answer:
     chunks: list[str]
 
 
+def copied(run_dir: Path) -> Truth:
+    """What the coordinator's record holds of the truth: the streams it made, and the copy of
+    each stream and generation it pruned, the first copy of each (a prune that a fault cut short
+    after some batches leaves part of a stream for the next prune, whose copy is that part)."""
+    truth = Truth({}, {}, set(), set())
+    for event in _events(run_dir)["coordinator"]:
+        if event["e"] == "created":
+            truth.created.add(event["s"])
+        elif event["e"] in ("pruning", "pruning-generation") and event["s"] not in truth.pruned:
+            truth.pruned.add(event["s"])
+            if event["e"] == "pruning":
+                truth.chunks[event["s"]] = {offset: data for offset, data in event["chunks"]}
+            else:
+                truth.generations[event["s"]] = Answer(True, event["attempts"], event["chunks"])
+    return truth
+
+
 def _events(run_dir: Path) -> dict[str, list[dict[str, Any]]]:
     logs = {}
     for path in sorted((run_dir / "log").glob("*.jsonl")):

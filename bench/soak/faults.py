@@ -2,7 +2,7 @@
 
 Each kind is a method of ``Injections``, given a random generator of its own; it returns what it
 did, or raises ``NotInjected`` when there was nothing to do it to (no backend of that role at
-that moment, no standby on this machine). The schedule is drawn from the seed alone, so a run
+that moment, no PgBouncer on this machine). The schedule is drawn from the seed alone, so a run
 replays with the same faults at the same moments; what each fault meets there still depends on
 timing. Faults run in threads of their own and overlap; a kind never overlaps itself, and a
 server restart excludes the kinds that query the server meanwhile.
@@ -26,6 +26,7 @@ from bench.proxy import FreezingProxy
 
 from .processes import QUERY_TIMEOUT, Processes
 from .record import DJANGO_CONNECTIONS, GENERATION_LABEL, LABEL, Log
+from .servers import ServerPair
 
 ROLES = ("listener", "fetcher", "flusher", "appender")
 FROZEN_FOR = 3 * QUERY_TIMEOUT  # a frozen connection is dropped after this (its client gave up on it)
@@ -47,34 +48,27 @@ class NotInjected(Exception):
 
 class Injections:
     """The faults, on what the coordinator holds: the processes, the database (``entry``) and
-    its server, the freezing proxy, the client proxies, the standby (or why there is none)."""
+    its two servers, the freezing proxy, the client proxies, PgBouncer (or why there is none)."""
 
     def __init__(
         self,
         processes: Processes,
         entry: dict[str, Any],
+        servers: ServerPair,
         db_proxy: FreezingProxy,
         client_proxies: list[FreezingProxy],
-        standby: pgserver.Standby | None,
-        no_standby: str,
         bouncer: PgBouncer | None,
         no_bouncer: str,
         log: Log,
     ) -> None:
-        self.processes, self.entry, self.db_proxy, self.client_proxies = processes, entry, db_proxy, client_proxies
-        self.server = pgserver.ServerControl(entry)
-        self.standby, self.no_standby, self.log = standby, no_standby, log
+        self.processes, self.entry, self.servers, self.log = processes, entry, servers, log
+        self.db_proxy, self.client_proxies = db_proxy, client_proxies
         self.bouncer, self.no_bouncer = bouncer, no_bouncer
         self.server_lock = threading.Lock()
 
     def unavailable(self, kind: str) -> str:
         """Why this machine cannot inject ``kind`` ("" if it can)."""
-        why = {
-            "restart-server": self.server.why_not,
-            "pause-standby": self.no_standby,
-            "restart-pgbouncer": self.no_bouncer,
-        }
-        return why.get(kind, "")
+        return self.no_bouncer if kind == "restart-pgbouncer" else ""
 
     def _db(self) -> psycopg.Connection[Any]:
         return pgserver.connect(self.entry, connect_timeout=3)
@@ -162,14 +156,24 @@ class Injections:
         return f"froze {frozen} connection(s)"
 
     def restart_server(self, rng: random.Random) -> str:
-        if self.server.why_not:
-            raise NotInjected(self.server.why_not)
         down = rng.uniform(0.1, 1.0)
         with self.server_lock:
-            self.server.stop()
-            time.sleep(down)
-            self.server.start()
-        return f"down {down:.2f} s"
+            self.servers.restart_primary(down)
+        return f"server {self.servers.primary} down {down:.2f} s"
+
+    def promote_standby(self, rng: random.Random) -> str:
+        """Switch the servers over: the primary stopped, the standby promoted; the freezing
+        proxy and PgBouncer pointed at the new primary once it is, as failover tooling would;
+        the old primary back as the standby. The processes' own connections find the new
+        primary themselves (libpq's ``target_session_attrs``)."""
+        with self.server_lock:
+            writable = self.servers.switchover(moved=self._follow_primary)
+        return f"server {self.servers.primary} promoted; no primary for {writable:.2f} s"
+
+    def _follow_primary(self) -> None:
+        self.db_proxy.upstream = self.servers.primary_socket()
+        if self.bouncer is not None:
+            self.bouncer.retarget(self.servers.primary_database(self.entry["NAME"]))
 
     def restart_pgbouncer(self, rng: random.Random) -> str:
         """Stop PgBouncer (its clients' connections cut) and start it again on its port."""
@@ -226,12 +230,10 @@ class Injections:
         return f"cut {cut} client connection(s)"
 
     def pause_standby(self, rng: random.Random) -> str:
-        if self.standby is None:
-            raise NotInjected(self.no_standby)
         seconds = rng.uniform(0.3, 3.0)
-        with self.server_lock, self.standby.replay_paused():
+        with self.server_lock, self.servers.replay_paused():
             time.sleep(seconds)
-        return f"replay paused {seconds:.2f} s"
+        return f"server {self.servers.standby}'s replay paused {seconds:.2f} s"
 
 
 def _terminate(role: str) -> Callable[[Injections, random.Random], str]:
@@ -255,6 +257,7 @@ KINDS: dict[str, tuple[float, Callable[[Injections, random.Random], str]]] = {
     "prune": (1.0, Injections.prune),
     "cut-clients": (2.0, Injections.cut_clients),
     "pause-standby": (1.0, Injections.pause_standby),
+    "promote-standby": (0.7, Injections.promote_standby),
 }
 
 

@@ -4,8 +4,8 @@ supervisor that starts a killed process again when its moment comes and notes on
 Every process runs on this machine against the soak's database: two daphne processes of the demo
 project (Durable Streams endpoint open to anyone), writer, reader and client processes
 (``python -m bench.soak.worker``). The first writer and reader go to the database's own
-connections of pgstreams through the freezing proxy; the second reader reads from the standby,
-where there is one. Each process's output goes to ``proc/<name>-<incarnation>.err``.
+connections of pgstreams through the freezing proxy; the second reader reads from the standby
+(from the primary while there is none). Each process's output goes to ``proc/<name>-<incarnation>.err``.
 """
 
 from __future__ import annotations
@@ -41,13 +41,14 @@ CRASH_PAUSE = 1.0  # seconds before a crashed process starts again
 
 
 def url(entry: dict[str, Any]) -> str:
-    """A libpq connection string for a DATABASES entry."""
+    """A libpq connection string for a DATABASES entry (its OPTIONS too)."""
     return make_conninfo(
         dbname=entry["NAME"],
         user=entry.get("USER") or None,
         password=entry.get("PASSWORD") or None,
         host=entry.get("HOST") or None,
         port=str(entry.get("PORT") or "") or None,
+        **(entry.get("OPTIONS") or {}),
     )
 
 
@@ -166,8 +167,35 @@ def _lost_database(slot: Slot) -> bool:
     """Whether ``slot`` is a task worker that exited on an error of its database connection:
     django-tasks-db's ``db_worker`` does when it cannot record a task's outcome (the server
     restarting, say), and a deployment's supervisor starts it again, as the soak's does."""
-    raised = [line for line in slot.stderr_tail().splitlines() if line and not line[0].isspace()]
-    return slot.role == "worker" and bool(raised) and raised[-1].startswith(LOST_DATABASE)
+    return slot.role == "worker" and raised(slot.stderr_tail(20_000)).startswith(LOST_DATABASE)
+
+
+def raised(stderr: str) -> str:
+    """The line naming the exception a Python process's last traceback in ``stderr`` ends with
+    ("" if there is none); the message's further lines, which libpq's errors have, follow it."""
+    _, traceback, last = stderr.rpartition("Traceback (most recent call last):")
+    return next((line for line in last.splitlines() if line and not line[0].isspace()), "") if traceback else ""
+
+
+def _environment(entry: dict[str, Any]) -> dict[str, str]:
+    """The environment of a soak process whose database is ``entry``."""
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "bench.soak.settings",
+        "DATABASE_URL": url(entry),
+        "DEMO_OPEN_DURABLE_STREAMS": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def migrate(entry: dict[str, Any]) -> None:
+    """Migrate the soak's database in a process whose default database it is: a migration that
+    ignores the alias it is run on (django-tasks-db's 0016 updates rows through the default
+    one) finds its tables there."""
+    command = [sys.executable, "manage.py", "migrate", "--verbosity", "0"]
+    done = subprocess.run(command, cwd=ROOT, env=_environment(entry), capture_output=True, text=True, timeout=300)
+    if done.returncode:
+        raise RuntimeError(f"migrating the soak's database failed:\n{done.stderr[-3000:]}")
 
 
 def layout(
@@ -175,7 +203,7 @@ def layout(
     seed: int,
     entry: dict[str, Any],
     via: dict[str, Any],
-    standby: dict[str, Any] | None,
+    standby: dict[str, Any],
     bouncer: dict[str, Any] | None,
     shards: int,
     ports: list[int],
@@ -185,13 +213,7 @@ def layout(
     freezing proxy, ``standby`` the standby's, ``bouncer`` PgBouncer's (or None), which the
     second daphne writes and reads through, as the PgBouncer how-to says (LISTEN on a direct
     connection, nothing prepared); every process notifies and listens on ``shards`` channels."""
-    base = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "bench.soak.settings",
-        "DATABASE_URL": url(entry),
-        "DEMO_OPEN_DURABLE_STREAMS": "1",
-        "PYTHONUNBUFFERED": "1",
-    }
+    base = _environment(entry)
 
     def env(pgstreams: dict[str, Any], databases: dict[str, str]) -> dict[str, str]:
         return {
@@ -214,7 +236,7 @@ def layout(
 
     proxied = env({"DATABASE": "via"}, {"via": url(via)})
     plain = env({}, {})
-    on_standby = env({"READ_DATABASE": "standby"}, {"standby": url(standby)}) if standby is not None else plain
+    on_standby = env({"READ_DATABASE": "standby"}, {"standby": url(standby)})
     logs = run_dir / "proc"
     slots = []
     pooled = plain

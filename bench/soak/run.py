@@ -1,12 +1,13 @@
 """The soak's coordinator: a database of its own, the streams, the schedule of faults, the
 settling, and the verdict.
 
-A run makes a database (``pgstreams_soak_<pid>_<seed>``) on the server ``DATABASES['default']`` names,
-and drops it afterwards: pruning and restarts touch nothing of anyone else's. In front of it, a
-freezing proxy; beside it, a hot standby where this machine has the binaries for one, and a
-PgBouncer (transaction pooling) where it has Debian's, which one daphne goes through; in front of
-each daphne process, a proxy that can cut its clients' sockets (the client process connects only
-through those). The processes are ``processes``'s; the faults ``faults``'s.
+A run makes servers of its own (``servers``: a primary and a hot standby, PostgreSQL 18 from the
+embedded binaries, whatever ``DATABASES`` names) and a database on them, removed afterwards:
+restarts, switchovers and pruning touch nothing of anyone else's. In front of the primary, a
+freezing proxy, and a PgBouncer (transaction pooling) where this machine has Debian's, which one
+daphne goes through; in front of each daphne process, a proxy that can cut its clients' sockets
+(the client process connects only through those). The processes are ``processes``'s; the faults
+``faults``'s.
 
 The coordinator keeps ``STREAMS`` streams open, each for a few seconds to half a minute, then
 closes it (now and then with a last append over HTTP). After the faults comes the settling:
@@ -19,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import random
 import shutil
 import socket
@@ -37,12 +37,13 @@ from psycopg import sql
 
 from bench import pgserver
 from bench.pgbouncer import PgBouncer, pgbouncer_missing
-from bench.proxy import FreezingProxy, database_via, proxy_for
+from bench.proxy import FreezingProxy, database_via
 from pgstreams.durable import wire
 
 from . import check, faults, processes
 from .clients import PLAIN_WRITERS, PRODUCER_WRITERS
 from .record import CONTENT_TYPE, GENERATION_LABEL, LABEL, PHASE_FILE, Log
+from .servers import ServerPair
 
 STREAMS = 12
 LIFETIME = (4.0, 30.0)  # seconds a stream stays open
@@ -95,8 +96,8 @@ class Soak:
         self.stop = threading.Event()
         self.open: dict[str, tuple[uuid.UUID, float]] = {}  # path -> (id, when to close it)
         self.created = self.closes = 0
-        self.name = f"pgstreams_soak_{os.getpid()}_{config.seed}"
-        self.standby: pgserver.Standby | None = None
+        self.name = f"pgstreams_soak_{config.seed}"
+        self.servers: ServerPair | None = None
         self.bouncer: PgBouncer | None = None
         self.proxies: list[FreezingProxy] = []
         self.processes: processes.Processes | None = None
@@ -108,26 +109,18 @@ class Soak:
     # -- the database --------------------------------------------------------------------------
 
     def _make_database(self) -> None:
+        """The servers, the database on them, migrated, and the alias ``soak`` for it."""
         from django.conf import settings
-        from django.core.management import call_command
         from django.db import connections
 
-        connections.close_all()  # an earlier run's server restarts left them dead
-        base = connections["default"]
-        base.ensure_connection()  # the embedded backend fills HOST and PORT in when it connects
-        with pgserver.connect(base.settings_dict) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self.name)))
+        self.servers = ServerPair()
+        self.servers.start()
+        with self.servers.connect_primary() as conn:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.name)))
-        self.entry = {**base.settings_dict, "ENGINE": "django.db.backends.postgresql", "NAME": self.name}
+        self.entry = self.servers.database(self.name)
+        processes.migrate(self.entry)
         configured = connections.configure_settings({**settings.DATABASES, "soak": self.entry})
         settings.DATABASES["soak"] = connections.settings["soak"] = configured["soak"]
-        call_command("migrate", database="soak", verbosity=0)
-
-    def _drop_database(self) -> None:
-        from django.db import connections
-
-        with pgserver.connect(connections["default"].settings_dict) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self.name)))
 
     # -- streams ---------------------------------------------------------------------------------
 
@@ -223,30 +216,23 @@ class Soak:
             self._teardown()
 
     def _run(self, began: float) -> Outcome:
-        standby = pgserver.Standby(self.entry)
-        if not standby.why_not:
-            self.standby = standby.__enter__()
-        db_proxy = proxy_for(self.entry, max_connections=None).start()
+        assert self.servers is not None
+        db_proxy = FreezingProxy(self.servers.primary_socket(), max_connections=None).start()
         ports = [_free_port() for _ in range(processes.DAPHNES)]
         clients = [FreezingProxy(("127.0.0.1", port), max_connections=None).start() for port in ports]
         self.proxies = [db_proxy, *clients]
         self.hosts = [f"127.0.0.1:{p.port}" for p in clients]
         (self.run_dir / "config.json").write_text(json.dumps({"hosts": self.hosts, "seed": self.config.seed}))
-        standby_entry = self.standby.database() if self.standby is not None else None
         no_bouncer = pgbouncer_missing() or ""
         if not no_bouncer:
-            try:
-                self.bouncer = PgBouncer(self.entry, pool_size=4)
-            except ValueError as exc:  # an entry it cannot stand in front of (no HOST, no USER)
-                no_bouncer = str(exc)
-            else:
-                self.bouncer.start()
+            self.bouncer = PgBouncer(self.servers.primary_database(self.name), pool_size=4)
+            self.bouncer.start()
         slots = processes.layout(
             self.run_dir,
             self.config.seed,
             self.entry,
             database_via(db_proxy, self.entry),
-            standby_entry,
+            self.servers.standby_database(self.name),
             self.bouncer.entry if self.bouncer is not None else None,
             self.shards,
             ports,
@@ -260,10 +246,9 @@ class Soak:
         injections = faults.Injections(
             self.processes,
             self.entry,
+            self.servers,
             db_proxy,
             clients,
-            self.standby,
-            standby.why_not,
             self.bouncer,
             no_bouncer,
             self.log,
@@ -358,25 +343,13 @@ class Soak:
 
     def _truth(self) -> check.Truth:
         """Every chunk of the soak's streams: the table's, and the copies of those pruned."""
-        chunks: dict[str, dict[int, str]] = {}
-        pruned: set[str] = set()
-        created: set[str] = set()
-        generations: dict[str, check.Answer] = {}
-        for line in (self.run_dir / "log" / "coordinator.jsonl").read_text().splitlines():
-            event = json.loads(line)
-            if event["e"] == "pruning":
-                pruned.add(event["s"])
-                chunks[event["s"]] = {o: d for o, d in event["chunks"]}
-            elif event["e"] == "pruning-generation":
-                pruned.add(event["s"])
-                generations[event["s"]] = check.Answer(True, event["attempts"], event["chunks"])
-            elif event["e"] == "created":
-                created.add(event["s"])
-        next_offsets: dict[str, int] = {}
+        truth = check.copied(self.run_dir)
+        chunks = truth.chunks
+        generations: dict[str, check.Answer] = {}  # the table's
         with pgserver.connect(self.entry, connect_timeout=10) as conn:
             query = "SELECT path, next_offset FROM pgstreams_stream WHERE label = %s"
             for path, next_offset in conn.execute(query, [LABEL]):
-                next_offsets[path] = next_offset
+                truth.next_offsets[path] = next_offset
                 chunks.setdefault(path, {})
             with conn.transaction(), conn.cursor(name="truth") as cursor:
                 cursor.execute(
@@ -398,7 +371,9 @@ class Soak:
             )
             for path, data in conn.execute(query, [GENERATION_LABEL]):
                 generations[path].chunks.append(data)
-        return check.Truth(chunks, next_offsets, pruned, created, generations)
+        for path, answer in generations.items():  # what a prune cut short left: its copy is whole
+            truth.generations.setdefault(path, answer)
+        return truth
 
     def _teardown(self) -> None:
         self.stop.set()
@@ -407,8 +382,6 @@ class Soak:
                 self.processes.stop()
         for proxy in self.proxies:
             proxy.close()
-        if self.standby is not None:
-            self.standby.stop()
         if self.bouncer is not None:
             self.bouncer.close()
         from pgstreams import appender, notify
@@ -417,11 +390,13 @@ class Soak:
         notify.stop_flusher()
         from django.db import connections
 
-        connections["soak"].close()
-        del connections["soak"]  # the next run's "soak" is another database, kept or not
-        if not self.config.keep:
-            with contextlib.suppress(Exception):
-                self._drop_database()
+        if "soak" in connections:
+            connections["soak"].close()
+            del connections["soak"]  # the next run's "soak" is on other servers
+        if self.servers is not None:
+            self.servers.close(keep=self.config.keep)
+            if self.config.keep:
+                self.say(f"soak: the servers are kept, stopped, in {self.servers.root}")
 
 
 def _free_port() -> int:

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.soak import check as check_module
 from bench.soak.check import Answer, Truth, check
+from bench.soak.processes import LOST_DATABASE, raised
 
 
 def record(run_dir: Path, name: str, *events: dict) -> None:
@@ -207,3 +209,42 @@ def test_each_broken_promise_to_the_ai_sdk_reader_is_found(tmp_path: Path, event
     t = truth({})
     t.generations[path] = Answer(True, 1, parts("w0 ", "w1 "))
     assert anomalies(tmp_path, t) == ({kind: 1} if kind else {})
+
+
+def test_the_truth_keeps_the_first_copy_of_a_stream_whose_prune_was_cut_short(tmp_path: Path) -> None:
+    """A prune that a switchover cut after some batches leaves part of the stream, which the
+    next prune copies again: the first copy is the stream's."""
+    record(
+        tmp_path,
+        "coordinator",
+        {"e": "created", "s": "s"},
+        {"e": "pruning", "s": "s", "chunks": [[0, "a"], [1, "b"], [2, "c"]]},
+        {"e": "pruning-generation", "s": "g", "attempts": 1, "chunks": ["0 ", "end"]},
+        {"e": "pruning", "s": "s", "chunks": [[2, "c"]]},
+        {"e": "pruning-generation", "s": "g", "attempts": 1, "chunks": ["end"]},
+    )
+    copied = check_module.copied(tmp_path)
+    assert copied.chunks == {"s": {0: "a", 1: "b", 2: "c"}} and copied.pruned == {"s", "g"}
+    assert copied.created == {"s"} and copied.generations["g"].chunks == ["0 ", "end"]
+
+
+def test_a_task_worker_that_exits_on_a_multi_line_database_error_is_told_from_a_crash() -> None:
+    """libpq's errors over several hosts run over several lines: the exception is the first line
+    of the last traceback that is not a frame."""
+    lost = (
+        "Traceback (most recent call last):\n"
+        '  File "base.py", line 256, in connect\n'
+        "    self.connection = self.get_new_connection(conn_params)\n"
+        "psycopg.OperationalError: connection failed: session is read-only\n\n"
+        "The above exception was the direct cause of the following exception:\n\n"
+        "Traceback (most recent call last):\n"
+        '  File "connection.py", line 134, in connect\n'
+        "    raise new_ex.with_traceback(None)\n"
+        "django.db.utils.OperationalError: connection failed: session is read-only\n"
+        "Multiple connection attempts failed. All failures were:\n"
+        "- host: '/tmp/x', port: '5441', hostaddr: None: connection failed: the database system is shutting down\n"
+    )
+    assert raised(lost).startswith(LOST_DATABASE)
+    crashed = lost.replace("django.db.utils.OperationalError", "KeyError")
+    assert raised(crashed) == "KeyError: connection failed: session is read-only"
+    assert raised("no traceback here\n") == ""

@@ -18,8 +18,8 @@ class Command(BaseCommand):
     help = (
         "Every kind of writer and reader at once, in several processes, under randomized faults "
         "(process kills and stops, backend terminations, frozen connections, server and PgBouncer restarts, "
-        "pruning, cut sockets, a paused standby); then every stream is checked against the table. Runs in a "
-        "database of its own on the server of DATABASES['default'], dropped afterwards."
+        "pruning, cut sockets, a paused or promoted standby); then every stream is checked against the table. "
+        "Runs on a primary and a standby of its own (the embedded PostgreSQL 18), removed afterwards."
     )
 
     argv: list[str] = []  # the options as given to manage.py, for the report's "run"
@@ -48,7 +48,9 @@ class Command(BaseCommand):
             default=None,
             help="NOTIFY_SHARDS of every process (default: 1 or 1024, drawn from the seed)",
         )
-        parser.add_argument("--keep", action="store_true", help="keep the run's database and record")
+        parser.add_argument(
+            "--keep", action="store_true", help="keep the run's record and its servers' directory (stopped)"
+        )
         parser.add_argument(
             "--json", dest="json_path", help="write the runs' figures here, as the results page reads them"
         )
