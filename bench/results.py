@@ -97,6 +97,16 @@ KINDS = [
         ),
     ),
     Kind(
+        "storage",
+        "What a chunk costs on disk",
+        (
+            "Chunks written as LLM tokens (4 bytes) and as log lines (100 bytes), a stream_writer per "
+            "stream, on a scratch server: the chunk table's bytes per chunk (heap, TOAST, indexes) and "
+            "the WAL per chunk, beside the data's own bytes; then every stream pruned, as a day's worth "
+            "would be: its time, WAL and the dead tuples it leaves."
+        ),
+    ),
+    Kind(
         "frozen",
         "A reader process frozen",
         (
@@ -157,6 +167,7 @@ def table(report: dict[str, Any]) -> str:
     from .fleet import fleet_table, frozen_table
     from .report import table as modes
     from .soak.run import table as soak
+    from .storage import table as storage
     from .takeover import table as takeover
 
     kind = report["run"]["kind"]
@@ -172,6 +183,7 @@ def table(report: dict[str, Any]) -> str:
         "catch_up": catch_up,
         "takeover": takeover,
         "soak": soak,
+        "storage": storage,
     }
     return tables[kind](report)
 

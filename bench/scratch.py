@@ -169,18 +169,41 @@ class ScratchServer(Scratch):
         return self.connect_to(self.tcp_port or self.PORT)
 
 
+class _To:
+    """A database router that sends every query to one alias."""
+
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+
+    def db_for_read(self, model: Any, **hints: Any) -> str:
+        return self.alias
+
+    def db_for_write(self, model: Any, **hints: Any) -> str:
+        return self.alias
+
+
+def migrate_database(alias: str) -> None:
+    """Migrate the database of ``alias``, with every query routed there meanwhile: a migration
+    whose code forgets the alias it runs on (django-tasks-db 0.13's 0016 updates its rows through
+    the default one) finds its tables, whatever the default database holds."""
+    from django.core.management import call_command
+    from django.test import override_settings
+
+    with override_settings(DATABASE_ROUTERS=[_To(alias)]):
+        call_command("migrate", database=alias, verbosity=0)
+
+
 @contextlib.contextmanager
 def installed(entries: dict[str, dict[str, Any]], migrate: str) -> Iterator[None]:
     """Add ``entries`` to ``settings.DATABASES`` for the block, migrating the alias ``migrate``."""
     from django.conf import settings
-    from django.core.management import call_command
     from django.db import connections
 
     configured = connections.configure_settings({**settings.DATABASES, **entries})
     for alias in entries:
         settings.DATABASES[alias] = connections.settings[alias] = configured[alias]
     try:
-        call_command("migrate", database=migrate, verbosity=0)
+        migrate_database(migrate)
         yield
     finally:
         for alias in entries:

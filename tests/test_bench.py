@@ -1,6 +1,6 @@
 """pgstreams_bench in a tiny configuration, so that it keeps working: every mode, the pgbench
 ceiling, the WebSocket mode, the replica sweep, the fan-out shapes, the Durable Streams load, the
-LLM shape (every write method), the fleet shapes, the JSON and the plot."""
+LLM shape (every write method), the fleet shapes, the storage figures, the JSON and the plot."""
 
 from __future__ import annotations
 
@@ -212,6 +212,34 @@ def test_a_tiny_takeover_run_loses_and_repeats_nothing(tmp_path) -> None:
     assert report["kills"] == report["taken_over"] == 2
     assert (report["duplicated"], report["lost"]) == (0, 0) and report["chunks_per_s"] > 0
     assert "takeover p50/p99/max ms" in done.stdout
+
+
+@pytest.mark.slow
+def test_a_tiny_storage_run_counts_the_bytes_of_every_chunk_and_prunes_them_all(tmp_path) -> None:
+    out = tmp_path / "storage.json"
+    command = [
+        sys.executable,
+        "manage.py",
+        "pgstreams_bench",
+        "--storage",
+        "--storage-chunks",
+        "2000",
+        "--streams",
+        "20",
+    ]
+    env = {**os.environ, "DATABASE_URL": subprocess_database_url()}
+    done = subprocess.run(
+        command + ["--json", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    tokens, lines = json.loads(out.read_text())["storage"]
+    assert (tokens["shape"], tokens["chunks"], tokens["data_bytes"]) == ("tokens", 2000, 8000)
+    assert (lines["shape"], lines["chunks"], lines["data_bytes"]) == ("lines", 2000, 200_000)
+    for row in tokens, lines:
+        size = row["bytes_per_chunk"]
+        assert size["heap"] > size["data"] and size["indexes"] > 0 and row["wal_bytes_per_chunk"] > size["data"]
+        assert (row["prune"]["streams"], row["prune"]["chunks"]) == (20, 2000) and row["prune"]["wal_bytes"] > 0
+    assert "dead tuples" in done.stdout
 
 
 @pytest.mark.slow

@@ -188,16 +188,6 @@ def _environment(entry: dict[str, Any]) -> dict[str, str]:
     }
 
 
-def migrate(entry: dict[str, Any]) -> None:
-    """Migrate the soak's database in a process whose default database it is: a migration that
-    ignores the alias it is run on (django-tasks-db's 0016 updates rows through the default
-    one) finds its tables there."""
-    command = [sys.executable, "manage.py", "migrate", "--verbosity", "0"]
-    done = subprocess.run(command, cwd=ROOT, env=_environment(entry), capture_output=True, text=True, timeout=300)
-    if done.returncode:
-        raise RuntimeError(f"migrating the soak's database failed:\n{done.stderr[-3000:]}")
-
-
 def layout(
     run_dir: Path,
     seed: int,

@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 from psycopg import sql
 
-from bench import pgserver
+from bench import pgserver, scratch
 from bench.pgbouncer import PgBouncer, pgbouncer_missing
 from bench.proxy import FreezingProxy, database_via
 from pgstreams.durable import wire
@@ -109,7 +109,7 @@ class Soak:
     # -- the database --------------------------------------------------------------------------
 
     def _make_database(self) -> None:
-        """The servers, the database on them, migrated, and the alias ``soak`` for it."""
+        """The servers, the database on them, and the alias ``soak`` for it, migrated."""
         from django.conf import settings
         from django.db import connections
 
@@ -118,9 +118,9 @@ class Soak:
         with self.servers.connect_primary() as conn:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.name)))
         self.entry = self.servers.database(self.name)
-        processes.migrate(self.entry)
         configured = connections.configure_settings({**settings.DATABASES, "soak": self.entry})
         settings.DATABASES["soak"] = connections.settings["soak"] = configured["soak"]
+        scratch.migrate_database("soak")
 
     # -- streams ---------------------------------------------------------------------------------
 

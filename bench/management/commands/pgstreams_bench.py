@@ -17,6 +17,8 @@ from bench.llm import LlmConfig, run_llm
 from bench.llm_procs import APPEND_METHODS, METHODS, PACE
 from bench.report import plot
 from bench.run import MODES, Config, run
+from bench.storage import SHAPES as STORAGE_SHAPES
+from bench.storage import StorageConfig, run_storage
 from bench.takeover import TakeoverConfig, connections_problem, run_takeover
 from demo_project.servers import SERVERS
 
@@ -31,6 +33,7 @@ class Command(BaseCommand):
         "or, with --takeover, generations in flight on task workers killed at random; "
         "or, with --frozen, one of three reader processes stopped while its notifications fill the queue; "
         "or, with --fleet, reader processes in each shape and number; "
+        "or, with --storage, what a chunk costs on disk and in WAL, and pruning them; "
         "or, with --results, the results page from the latest reports."
     )
 
@@ -138,6 +141,18 @@ class Command(BaseCommand):
             action="store_true",
             help="instead of the modes: --generations answers in flight on django-tasks-db workers (one each, and "
             "one spare per kill), --kills of them killed at random; takeover time, chunks duplicated and lost",
+        )
+        parser.add_argument(
+            "--storage",
+            action="store_true",
+            help="instead of the modes: --storage-chunks chunks of each shape (4-byte tokens, 100-byte lines) "
+            "written over --streams streams on a scratch server; bytes per chunk on disk and in WAL, and the prune",
+        )
+        parser.add_argument(
+            "--storage-chunks", type=int, default=1_000_000, help="with --storage: chunks written per shape"
+        )
+        parser.add_argument(
+            "--storage-shapes", default=",".join(STORAGE_SHAPES), help="with --storage: some of tokens,lines"
         )
         parser.add_argument("--generations", type=int, default=100, help="with --takeover: answers in flight")
         parser.add_argument("--kills", type=int, default=20, help="with --takeover: workers killed")
@@ -257,6 +272,14 @@ class Command(BaseCommand):
             if problem:
                 raise CommandError(problem)
             kind, report = "takeover", run_takeover(config, say=self.say)
+        elif o["storage"]:
+            shapes = tuple(o["storage_shapes"].split(","))
+            if set(shapes) - set(STORAGE_SHAPES) or o["storage_chunks"] < o["streams"] or o["streams"] < 1:
+                raise CommandError(
+                    f"--storage-shapes takes {', '.join(STORAGE_SHAPES)}; --storage-chunks at least --streams"
+                )
+            config = StorageConfig(chunks=o["storage_chunks"], streams=o["streams"], shapes=shapes)
+            kind, report = "storage", run_storage(config, say=self.say)
         elif o["catch_up"]:
             kind, report = "catch_up", self.run_catch_up(o)
         elif o["fanout_shapes"]:
@@ -272,7 +295,7 @@ class Command(BaseCommand):
             with open(o["json_path"], "w") as f:
                 json.dump(report, f, indent=2)
             self.stdout.write(f"wrote {o['json_path']}")
-        other_modes = ("durable", "fanout_shapes", "catch_up", "takeover", "frozen", "fleet")
+        other_modes = ("durable", "fanout_shapes", "catch_up", "takeover", "frozen", "fleet", "storage")
         if o["plot_path"] and not any(o[mode] for mode in other_modes):
             plot(report, o["plot_path"])
             self.stdout.write(f"wrote {o['plot_path']}")
