@@ -91,7 +91,7 @@ class Clients:
         position = session.start
         for _ in range(1000):  # bounded: reconnects of one session
             host = self.host()
-            url = f"ws://{host}/ws/pgstreams/{session.stream.id}/?from={position}"
+            url = session.connecting(f"ws://{host}/ws/pgstreams/{session.stream.id}/?from={position}")
             error: dict[str, Any] = {}
             try:
                 async with websockets.connect(url, origin=f"http://{host}", open_timeout=10, close_timeout=2) as ws:
@@ -127,7 +127,7 @@ class Clients:
     async def sse(self, session: Session) -> tuple[str, dict[str, Any]]:
         position = session.start
         for _ in range(1000):
-            url = f"http://{self.host()}/pgstreams/streams/{session.stream.id}/events"
+            url = session.connecting(f"http://{self.host()}/pgstreams/streams/{session.stream.id}/events")
             headers = {"Last-Event-ID": str(position - 1)} if position > session.start else {}
             params = {} if headers else {"from": str(position)}
             try:

@@ -56,6 +56,11 @@ class Session:
             self.pending = []
         self.flushed_at = time.monotonic()
 
+    def connecting(self, url: str) -> str:
+        """Note a connection's URL (whose host is one server), for whoever reads the record; ``url``."""
+        self.log(e="connect", r=self.reader, n=self.n, url=url)
+        return url
+
     def end(self, how: str, **details: Any) -> None:
         self.flush()
         self.log(e="end", r=self.reader, n=self.n, how=how, **details)

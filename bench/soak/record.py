@@ -46,7 +46,8 @@ LIST_SQL = (
 
 
 class Log:
-    """One process's record: thread-safe JSON lines, each written through as it happens."""
+    """One process's record: thread-safe JSON lines, each written through as it happens, with
+    its wall-clock time (``t``) for whoever reads the record beside the servers' logs."""
 
     def __init__(self, run_dir: Path, name: str) -> None:
         (run_dir / "log").mkdir(parents=True, exist_ok=True)
@@ -54,7 +55,7 @@ class Log:
         self._lock = threading.Lock()
 
     def __call__(self, **event: Any) -> None:
-        line = json.dumps(event, separators=(",", ":")) + "\n"
+        line = json.dumps({**event, "t": round(time.time(), 3)}, separators=(",", ":")) + "\n"
         with self._lock:
             self._file.write(line)  # line-buffered: in the kernel before this returns
 

@@ -47,7 +47,16 @@ class ServerPair(scratch.Scratch):
         self.initdb(a)
         # wal_keep_size: the standby stays within reach of the primary's WAL while it is paused,
         # restarted or switched over, without a replication slot that would outlive a switchover.
-        self.configure(a, port=PORTS["a"], max_connections=200, wal_keep_size="1GB", hot_standby_feedback="on")
+        # wal_retrieve_retry_interval: a standby whose primary restarted streams again within
+        # a fraction of a second, not 5 s.
+        self.configure(
+            a,
+            port=PORTS["a"],
+            max_connections=200,
+            wal_keep_size="1GB",
+            hot_standby_feedback="on",
+            wal_retrieve_retry_interval="100ms",
+        )
         self.pg_ctl(a, "start")
         self.run(
             "pg_basebackup",
@@ -117,12 +126,13 @@ class ServerPair(scratch.Scratch):
                 conn.execute("SELECT pg_wal_replay_resume()")
 
     def switchover(self, moved: Callable[[], None] = lambda: None) -> float:
-        """Stop the primary (fast), promote the standby once it has received all the primary
-        wrote, call ``moved`` (the new primary is ``primary`` then), and start the old primary
+        """Once the standby streams, stop the primary (fast), promote the standby once it has
+        received all the primary wrote, call ``moved`` (the new primary is ``primary`` then), and start the old primary
         as the new one's standby; return the seconds during which no server accepted writes. If
         the standby does not catch up, the old primary is started again as it was and
         RuntimeError says so."""
         old, new = self.primary, self.standby
+        self._wait_streaming()  # a standby not streaming at the stop would never get the last record
         began = time.monotonic()
         self.pg_ctl(self.root / old, "stop", "-m", "fast")
         last = self._last_checkpoint(old)
