@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import string
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -29,6 +30,7 @@ from .run import host
 ALIAS = "pgstreams_storage"
 # Bytes per chunk, and how each is made.
 SHAPES = {"tokens": 4, "lines": 100}
+TOKENS_PER_SECOND = 20  # per stream, as the LLM benchmark's default
 WORDS = (
     "the of and to in is that for it as was with be by on not he this are or his from at which but have an they "
     "you were her she there one all we their can has been if more when will would who so no data stream model "
@@ -39,7 +41,7 @@ _SIZES_SQL = """
 SELECT pg_relation_size(c.oid, 'main') + pg_relation_size(c.oid, 'fsm') + pg_relation_size(c.oid, 'vm'),
        coalesce(pg_total_relation_size(nullif(c.reltoastrelid, 0)), 0),
        pg_indexes_size(c.oid),
-       (SELECT count(*) FROM pgstreams_chunk),
+       (SELECT coalesce(sum(next_offset), 0) FROM pgstreams_stream WHERE deleted_at IS NULL),
        (SELECT coalesce(sum(octet_length(data)), 0) + coalesce(sum(octet_length(blob)), 0) FROM pgstreams_chunk)
 FROM pg_class AS c WHERE c.oid = 'pgstreams_chunk'::regclass
 """
@@ -54,11 +56,12 @@ class StorageConfig:
 
 
 def chunk_maker(shape: str, seed: int) -> Callable[[int], str]:
-    """The ``i``-th chunk of a stream of ``shape``: a token of English-like text, 4 bytes (a
-    word's first letters after a space, as tokenizers cut words), or a log line of 100 bytes."""
+    """The ``i``-th chunk of a stream of ``shape``: a token of 4 bytes, a space and three letters
+    drawn at random (17,576 tokens, each as likely: text that compresses worse than a model's),
+    or a log line of 100 bytes (a timestamp, a worker, a job, words)."""
     rng = random.Random(seed)
     if shape == "tokens":
-        return lambda i: (" " + rng.choice(WORDS))[:4].ljust(4)
+        return lambda i: " " + "".join(rng.choices(string.ascii_lowercase, k=3))
     return lambda i: (
         (
             f"2026-12-07T16:{i // 60 % 60:02d}:{i % 60:02d}Z worker-{rng.randrange(8)} INFO "
@@ -99,90 +102,139 @@ def _wal(alias: str) -> int:
 
 
 def _measure(shape: str, config: StorageConfig, say: Callable[[str], None]) -> dict[str, Any]:
-    from pgstreams import maintenance
+    """The shape written, measured and pruned; then written again, compacted, measured, pruned."""
+    plain = _write_and_size(shape, config, say)
+    plain["prune"] = _prune(shape, say)
+    _vacuum_full()
+    compacted = _write_and_size(shape, config, say)
+    compacted["compaction"] = _compact(shape, say)
+    compacted["bytes_per_chunk"] = _sizes()
+    compacted["prune"] = _prune(shape, say)
+    return {"shape": shape, "chunks": plain["chunks"], "plain": plain, "compacted": compacted}
+
+
+def _write_and_size(shape: str, config: StorageConfig, say: Callable[[str], None]) -> dict[str, Any]:
+    """Streams of ``shape`` written whole and closed: what they cost on disk and in WAL."""
     from pgstreams.models import Stream
 
     made = Stream.objects.using(ALIAS).bulk_create(Stream(label="storage") for _ in range(config.streams))
     streams = [str(stream.id) for stream in made]
-    per_stream = config.chunks // config.streams
     with connections[ALIAS].cursor() as cursor:
         cursor.execute("CHECKPOINT")  # every page written from here is the run's
     wal = _wal(ALIAS)
     began = time.monotonic()
-    asyncio.run(_write(streams, per_stream, shape))
+    asyncio.run(_write(streams, config.chunks // config.streams, shape))
     seconds = time.monotonic() - began
     written_wal = _wal(ALIAS) - wal
-    with connections[ALIAS].cursor() as cursor:
-        cursor.execute(_SIZES_SQL)
-        heap, toast, indexes, chunks, data = cursor.fetchone()
-    say(f"storage: {shape}: {chunks:,} chunks of {data / chunks:.0f} bytes written in {seconds:.1f} s")
-
-    wal = _wal(ALIAS)
-    began = time.monotonic()
-    pruned = maintenance.prune(timezone.now(), using=ALIAS)
-    prune_seconds = time.monotonic() - began
-    prune_wal = _wal(ALIAS) - wal
-    with connections[ALIAS].cursor() as cursor:
-        cursor.execute("SELECT pg_stat_force_next_flush()")
-    connections[ALIAS].close()  # its statistics go out as it leaves
-    time.sleep(1.0)
-    dead = _dead_tuples()
-    say(f"storage: {shape}: pruned {pruned.streams:,} streams in {prune_seconds:.1f} s; {dead:,} dead tuples left")
+    sizes = _sizes()
+    say(f"storage: {shape}: {sizes['chunks']:,} chunks of {sizes['data']:.0f} bytes written in {seconds:.1f} s")
     return {
-        "shape": shape,
-        "chunks": chunks,
-        "data_bytes": data,
-        "bytes_per_chunk": {
-            "data": round(data / chunks, 1),
-            "heap": round(heap / chunks, 1),
-            "toast": round(toast / chunks, 1),
-            "indexes": round(indexes / chunks, 1),
-            "total": round((heap + toast + indexes) / chunks, 1),
-        },
-        "wal_bytes_per_chunk": round(written_wal / chunks, 1),
+        "chunks": sizes.pop("chunks"),
+        "bytes_per_chunk": sizes,
+        "wal_bytes_per_chunk": round(written_wal / config.chunks, 1),
         "write_seconds": round(seconds, 2),
-        "prune": {
-            "streams": pruned.streams,
-            "chunks": pruned.chunks,
-            "seconds": round(prune_seconds, 2),
-            "wal_bytes": prune_wal,
-            "dead_tuples": dead,
-        },
     }
 
 
+def _sizes() -> dict[str, Any]:
+    """The chunk table's bytes on disk per chunk, by where they lie, and the data's own."""
+    with connections[ALIAS].cursor() as cursor:
+        cursor.execute(_SIZES_SQL)
+        heap, toast, indexes, chunks, data = map(int, cursor.fetchone())
+    return {
+        "chunks": int(chunks),
+        "data": round(data / chunks, 1),
+        "heap": round(heap / chunks, 1),
+        "toast": round(toast / chunks, 1),
+        "indexes": round(indexes / chunks, 1),
+        "total": round((heap + toast + indexes) / chunks, 1),
+    }
+
+
+def _compact(shape: str, say: Callable[[str], None]) -> dict[str, Any]:
+    """Every stream compacted (``maintenance.compact``), then the table rewritten (VACUUM FULL),
+    so that what it holds is what the runs take, as the space the compaction freed is reused by
+    later writes: the compaction's time and WAL."""
+    from pgstreams import maintenance
+
+    with connections[ALIAS].cursor() as cursor:  # closed an hour ago: past compaction's grace
+        cursor.execute("UPDATE pgstreams_stream SET closed_at = closed_at - interval '1 hour'")
+    wal = _wal(ALIAS)
+    began = time.monotonic()
+    done = maintenance.compact(timezone.now(), using=ALIAS)
+    seconds = time.monotonic() - began
+    compaction_wal = _wal(ALIAS) - wal
+    _vacuum_full()
+    say(f"storage: {shape}: compacted {done.chunks:,} chunks into {done.runs:,} runs in {seconds:.1f} s")
+    return {"seconds": round(seconds, 2), "wal_bytes": compaction_wal, "runs": done.runs}
+
+
+def _prune(shape: str, say: Callable[[str], None]) -> dict[str, Any]:
+    """Every stream pruned: the time, the WAL, and the dead tuples it left for vacuum."""
+    from pgstreams import maintenance
+
+    dead = _dead_tuples()
+    wal = _wal(ALIAS)
+    began = time.monotonic()
+    pruned = maintenance.prune(timezone.now(), using=ALIAS)
+    seconds = time.monotonic() - began
+    prune_wal = _wal(ALIAS) - wal
+    dead = _dead_tuples() - dead
+    say(f"storage: {shape}: pruned {pruned.streams:,} streams in {seconds:.1f} s; {dead:,} dead tuples left")
+    return {"seconds": round(seconds, 2), "wal_bytes": prune_wal, "dead_tuples": dead}
+
+
+def _vacuum_full() -> None:
+    with connections[ALIAS].cursor() as cursor:
+        cursor.execute("VACUUM FULL pgstreams_chunk")
+
+
 def _dead_tuples() -> int:
-    """The chunk table's dead tuples as the statistics have them (at most 5 s to come in)."""
-    deadline = time.monotonic() + 5
-    while (dead := _one(ALIAS, _DEAD_SQL)) == 0 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return int(dead)
+    """The chunk table's dead tuples, as the statistics have them once this process's counts,
+    sent as its connection closes, are in."""
+    with connections[ALIAS].cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+    connections[ALIAS].close()
+    time.sleep(1.0)
+    with connections[ALIAS].cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(_DEAD_SQL)
+        return int(cursor.fetchone()[0])
 
 
 async def _write(streams: list[str], per_stream: int, shape: str) -> None:
-    """One task per stream, each sending its chunks one at a time, all together, then closing."""
+    """One task per stream, each sending its chunks one at a time, all together, then closing:
+    tokens at a model's pace (each its own commit time, as in a chat), lines as fast as they go."""
     import pgstreams
+
+    pause = 1 / TOKENS_PER_SECOND if shape == "tokens" else 0.0
 
     async def one(index: int, sid: str) -> None:
         make = chunk_maker(shape, index)
+        await asyncio.sleep(random.random() * pause)
         async with pgstreams.stream_writer(sid, close=True, using=ALIAS) as writer:
             for i in range(per_stream):
                 await writer.send(make(i))
-                await asyncio.sleep(0)  # every stream advances a chunk at a time, as tokens do
+                await asyncio.sleep(pause)  # every stream advances a chunk at a time
 
     await asyncio.gather(*(one(i, sid) for i, sid in enumerate(streams)))
 
 
 def table(report: dict[str, Any]) -> str:
-    """Bytes per chunk by where they lie, WAL per chunk, and the prune's cost, a line per shape."""
+    """Bytes per chunk by where they lie, WAL per chunk, compaction's and the prune's costs: a line
+    per shape, plain and compacted."""
     lines = [
-        "shape    chunks     data  heap  toast  indexes  total (x data)  WAL   prune: s   WAL MB  dead tuples",
+        "shape    stored      chunks  data  heap  toast  indexes  total (x data)  WAL/chunk  "
+        "compact s  prune s  prune WAL MB  dead tuples",
     ]
     for row in report["storage"]:
-        b, p = row["bytes_per_chunk"], row["prune"]
-        lines.append(
-            f"{row['shape']:<8} {row['chunks']:>9,} {b['data']:>5g} {b['heap']:>5g} {b['toast']:>6g} {b['indexes']:>8g}"
-            f"  {b['total']:>5g} ({b['total'] / b['data']:.1f}x)  {row['wal_bytes_per_chunk']:>5g}"
-            f"  {p['seconds']:>8} {p['wal_bytes'] / 2**20:>8.1f}  {p['dead_tuples']:>11,}"
-        )
+        for stored in ("plain", "compacted"):
+            r = row[stored]
+            b, p, c = r["bytes_per_chunk"], r["prune"], r.get("compaction")
+            lines.append(
+                f"{row['shape']:<8} {stored:<9} {r['chunks']:>9,} {b['data']:>5g} {b['heap']:>5g} {b['toast']:>6g}"
+                f" {b['indexes']:>8g}  {b['total']:>5g} ({b['total'] / b['data']:.1f}x)  {r['wal_bytes_per_chunk']:>9g}"
+                f"  {c['seconds'] if c else '-':>9} {p['seconds']:>8} {p['wal_bytes'] / 2**20:>13.1f}"
+                f"  {p['dead_tuples']:>11,}"
+            )
     return "\n".join(lines)

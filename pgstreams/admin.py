@@ -5,17 +5,17 @@ and deleted as a Durable Streams DELETE deletes them (a tombstone while forks re
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from django.contrib import admin, messages
 from django.db import connections
 from django.db.models import OuterRef, QuerySet, Subquery
-from django.db.models.functions import Length
 from django.http import HttpRequest, HttpResponse
 
 import pgstreams
 
-from . import conf
+from . import conf, runs
 from .auth import may_view_all
 from .durable.store import remove
 from .models import Chunk, Stream
@@ -143,10 +143,9 @@ class StreamAdmin(admin.ModelAdmin):
         except ValueError:
             page = 1
         first = (page - 1) * CHUNKS_PER_PAGE
-        chunks = Chunk.objects.filter(stream=stream, offset__gte=first, offset__lt=first + CHUNKS_PER_PAGE)
         return {
             "preview": _preview(stream),
-            "chunks": chunks.order_by("offset").values_list("offset", "data", Length("blob"), "created_at"),
+            "chunks": _page(stream, first),
             "chunks_page": page,
             "chunks_pages": pages,
             "chunks_previous": page - 1 if page > 1 else None,
@@ -158,15 +157,35 @@ class StreamAdmin(admin.ModelAdmin):
         }
 
 
+# Rows from an offset, the one a run holds it in first (runs.py), as many as a page of chunks may
+# take (a row holds one chunk at least).
+_ROWS_SQL = (
+    'SELECT "offset", data, blob, run, created_at FROM pgstreams_chunk'
+    ' WHERE stream_id = %s AND "offset" >= %s ORDER BY "offset" LIMIT %s'
+)
 # The chunks whose text starts within the first %(limit)s bytes, in one query however many of
-# them are empty; octet_length reads a value's size from its header, without detoasting it.
+# them are empty; octet_length reads a value's size from its header, without detoasting it. A
+# run (runs.py) counts whole, as the chunks before its own do; runs.take cuts inside it.
 _PREVIEW_SQL = """
-SELECT data FROM (
-    SELECT "offset", data, sum(octet_length(data)) OVER (ORDER BY "offset") - octet_length(data) AS before
+SELECT "offset", data, run FROM (
+    SELECT "offset", data, run, sum(octet_length(data)) OVER (ORDER BY "offset") - octet_length(data) AS before
     FROM pgstreams_chunk WHERE stream_id = %(stream)s ORDER BY "offset" LIMIT %(chunks)s
 ) AS c
 WHERE before < %(limit)s ORDER BY "offset"
 """
+
+
+def _page(stream: Stream, first: int) -> list[tuple[int, str | None, int | None, Any]]:
+    """A page of chunks from offset ``first``: offset, text (or None), bytes (of a blob), time."""
+    with connections[stream._state.db or conf.database()].cursor() as cursor:
+        cursor.execute(_ROWS_SQL, [stream.id, first, CHUNKS_PER_PAGE])
+        rows = cursor.fetchall()
+    held = ((offset, data if data is not None else blob, run, at) for offset, data, blob, run, at in rows)
+    values, times, _ = runs.take(held, first, CHUNKS_PER_PAGE, sys.maxsize)
+    return [
+        (first + i, value, None, at) if isinstance(value, str) else (first + i, None, len(value), at)
+        for i, (value, at) in enumerate(zip(values, times, strict=True))
+    ]
 
 
 def _preview(stream: Stream) -> dict[str, Any]:
@@ -174,10 +193,13 @@ def _preview(stream: Stream) -> dict[str, Any]:
     PREVIEW_CHUNKS chunks, in one query (none for a stream of bytes)."""
     if not stream.holds_text:
         return {"text": f"({stream.content_type}: bytes, listed by chunk below)", "cut": False}
+    params = {"stream": stream.id, "chunks": PREVIEW_CHUNKS, "limit": PREVIEW_BYTES}
     with connections[stream._state.db or conf.database()].cursor() as cursor:
-        cursor.execute(_PREVIEW_SQL, {"stream": stream.id, "chunks": PREVIEW_CHUNKS, "limit": PREVIEW_BYTES})
-        parts = [data for (data,) in cursor.fetchall()]
-    encoded = "".join(parts).encode()
+        cursor.execute(_PREVIEW_SQL, params)
+        rows = [(offset, data, run, None) for offset, data, run in cursor.fetchall()]
+    first = rows[0][0] - (runs.count(rows[0][2]) - 1 if rows[0][2] is not None else 0) if rows else 0
+    parts = runs.take(rows, first, PREVIEW_CHUNKS, PREVIEW_BYTES)[0]  # from the first chunk held
+    encoded = "".join(parts).encode()  # type: ignore[arg-type]
     return {
         "text": encoded[:PREVIEW_BYTES].decode(errors="ignore"),
         "cut": len(encoded) > PREVIEW_BYTES or len(parts) < stream.next_offset,

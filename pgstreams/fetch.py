@@ -11,11 +11,13 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
+from itertools import chain, groupby
+from operator import itemgetter
 from typing import Any, Final
 
 import psycopg
 
-from . import conf, db
+from . import conf, db, runs
 from .types import Mark
 from .window import Page
 
@@ -36,19 +38,24 @@ FETCH_KEYS: Final = 256
 # One snapshot gives each stream's state and the chunks from the wanted offset, so "closed, and
 # next_offset is N" and "every chunk below N is here" are seen together. A page's chunks are
 # counted in bytes as they come, from their values' headers: no value past the page is detoasted
-# or sent (its rows are read, up to PAGE_SIZE). The
+# or sent (its rows are read, up to PAGE_SIZE). A run (runs.py: a compacted stream's row of many
+# chunks) counts whole, except the first row's, which may hold chunks before the offset: the rows
+# past the page that this lets in are cut in Python, chunk by chunk (``pages_from_rows``). The
 # arrays go in binary (%b): a thousand ids cost a copy, not a thousand quoted strings.
 FETCH_SQL = """
-SELECT w.i, s.next_offset, s.closed_at IS NOT NULL, c."offset", c.data, c.blob, c.created_at
+SELECT w.i, s.next_offset, s.closed_at IS NOT NULL, c."offset", c.data, c.blob, c.created_at, c.run
 FROM unnest(%b::uuid[], %b::bigint[]) WITH ORDINALITY AS w(stream_id, from_offset, i)
 LEFT JOIN pgstreams_stream AS s ON s.id = w.stream_id AND s.deleted_at IS NULL  -- a tombstone is no stream
 LEFT JOIN LATERAL (
-    SELECT p."offset", p.data, p.blob, p.created_at FROM (
-        SELECT k."offset", k.data, k.blob, k.created_at,
-               sum(coalesce(octet_length(k.data), octet_length(k.blob))) OVER (ORDER BY k."offset")
-               - coalesce(octet_length(k.data), octet_length(k.blob)) AS before
+    SELECT p."offset", p.data, p.blob, p.created_at, p.run FROM (
+        SELECT k."offset", k.data, k.blob, k.created_at, k.run,
+               sum(coalesce(octet_length(k.data), octet_length(k.blob))) OVER w
+               - coalesce(octet_length(k.data), octet_length(k.blob))
+               - first_value(CASE WHEN k.run IS NULL THEN 0 ELSE coalesce(octet_length(k.data), octet_length(k.blob))
+                             END) OVER w AS before
         FROM pgstreams_chunk AS k
         WHERE k.stream_id = w.stream_id AND k."offset" >= w.from_offset
+        WINDOW w AS (ORDER BY k."offset")
         ORDER BY k."offset"
         LIMIT %s
     ) AS p
@@ -151,10 +158,21 @@ async def _fetch(conn: psycopg.AsyncConnection[Any], keys: list[Key]) -> dict[Ke
 def pages_from_rows(keys: list[Key], rows: list[tuple[Any, ...]]) -> dict[Key, Page]:
     """FETCH_SQL's rows as pages: each page's chunks are consecutive from its offset and stop
     at a gap; a page whose first offset is gone though the stream is past it says where reading
-    can resume (``pruned_to``)."""
+    can resume (``pruned_to``). Rows of runs (compacted streams) are unpacked by ``runs.take``;
+    a fetch without any, as every fetch of open streams is, takes its rows as they come."""
+    pages = _pages(keys, rows) if any(map(itemgetter(7), rows)) else _plain_pages(keys, rows)
+    for (_, from_offset), page in pages.items():
+        if page.exists and not page.values and page.pruned_to is None and from_offset < page.next_offset:
+            page.pruned_to = page.next_offset
+    return pages
+
+
+def _plain_pages(keys: list[Key], rows: list[tuple[Any, ...]]) -> dict[Key, Page]:
+    """``runs.take``'s rule for rows of one chunk each, inline: a page's rows are taken while
+    their offsets follow on (the query cut them)."""
     pages: dict[Key, Page] = {}
     at = 0  # the rows come by key (ordered by i): a page is looked up once, not once a row
-    for i, next_offset, closed, offset, data, blob, created_at in rows:
+    for i, next_offset, closed, offset, data, blob, created_at, _ in rows:
         if i != at:
             at, key = i, keys[i - 1]
             expect = key[1]  # the offset the page's next chunk must have
@@ -169,9 +187,23 @@ def pages_from_rows(keys: list[Key], rows: list[tuple[Any, ...]]) -> dict[Key, P
             expect += 1
         elif not page.values:
             page.pruned_to = offset  # offsets are the truth: never hand a chunk out under another
-    for (_, from_offset), page in pages.items():
-        if page.exists and not page.values and page.pruned_to is None and from_offset < page.next_offset:
-            page.pruned_to = page.next_offset
+    return pages
+
+
+def _pages(keys: list[Key], rows: list[tuple[Any, ...]]) -> dict[Key, Page]:
+    pages: dict[Key, Page] = {}
+    for i, group in groupby(rows, key=itemgetter(0)):  # the rows come by key (ordered by i)
+        first = next(group)
+        key = keys[i - 1]
+        page = pages[key] = Page(first[1] is not None, first[1] or 0, bool(first[2]))  # exists, next, closed
+        if first[3] is None:
+            continue  # no chunk from its offset
+        chunks = (
+            (offset, blob if data is None else data, run, created_at)
+            for _, _, _, offset, data, blob, created_at, run in chain((first,), group)
+        )
+        page.values, page.times, page.pruned_to = runs.take(chunks, key[1], PAGE_SIZE, PAGE_BYTES)
+        page.data = sum(map(len, page.values))
     return pages
 
 

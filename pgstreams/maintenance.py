@@ -1,6 +1,7 @@
 """Maintenance of stored streams: pruning closed ones in batches, removing those whose Durable
-Streams expiry has passed, and the figures of ``pgstreams_stats``. The management commands are
-thin wrappers over these functions.
+Streams expiry has passed, compacting closed ones (their chunks folded into runs, ``runs.py``),
+and the figures of ``pgstreams_stats``. The management commands are thin wrappers over these
+functions.
 
 Pruning never touches an open stream, and each batch is one transaction, as short as the
 project's delete receivers let it be (they run in it, with no idle bound): a stream's
@@ -17,12 +18,13 @@ import datetime
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, Final
 
 from django.db import connections, transaction
 from django.utils import timezone
 
-from . import conf, db
+from . import conf, db, metrics, runs
 
 _AGE = re.compile(r"(\d+)\s*([smhdw])\Z")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
@@ -199,6 +201,144 @@ def _delete_chunks_in_slices(alias: str, stream_id: Any, cutoff: datetime.dateti
                 'DELETE FROM pgstreams_chunk WHERE stream_id = %s AND "offset" >= %s AND "offset" < %s',
                 [stream_id, start, start + batch],
             )
+
+
+# A run holds at most this many chunks and, past its first chunk, this many bytes of data: a read
+# that starts inside one unpacks all of it.
+RUN_CHUNKS: Final = 4096
+RUN_BYTES: Final = 64 << 10
+
+# The oldest closed streams not compacted yet, from the partial index on closed_at. A stream
+# closed within the grace (twice CONNECT_TIMEOUT + QUERY_TIMEOUT) is left alone: a writer whose
+# commit went unanswered judges it by its rows and the stream's row (resolution.py), and a task
+# taking a generation reads its chunks as they were (generations.py), in that time.
+_COMPACTABLE_SQL = (
+    "SELECT id FROM pgstreams_stream WHERE closed_at IS NOT NULL AND compacted_at IS NULL"
+    " AND closed_at < least(%s, now() - make_interval(secs => %s)) AND deleted_at IS NULL"
+    " ORDER BY closed_at LIMIT %s"
+)
+# Locked as a writer's append locks it (a prune or a delete waits for the slice, and the slice
+# for them), then still there and closed.
+_COMPACT_LOCK_SQL = (
+    "SELECT id FROM pgstreams_stream WHERE id = %s AND closed_at IS NOT NULL AND deleted_at IS NULL FOR NO KEY UPDATE"
+)
+_PLAIN_SQL = (
+    'SELECT "offset", data, blob, created_at FROM pgstreams_chunk'
+    ' WHERE stream_id = %s AND "offset" > %s AND run IS NULL ORDER BY "offset" LIMIT %s'
+)
+_FOLD_SQL = 'DELETE FROM pgstreams_chunk WHERE stream_id = %s AND "offset" BETWEEN %s AND %s AND run IS NULL'
+_RUN_SQL = (
+    'INSERT INTO pgstreams_chunk (stream_id, "offset", data, blob, created_at, run) VALUES (%s, %s, %s, %s, %s, %s)'
+)
+
+
+def compactable(cutoff: datetime.datetime, using: str | None = None) -> tuple[int, int]:
+    """How many streams closed before ``cutoff`` are not compacted yet, and their chunks."""
+    with connections[using or conf.database()].cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*), coalesce(sum(next_offset), 0) FROM pgstreams_stream WHERE closed_at IS NOT NULL"
+            " AND compacted_at IS NULL AND closed_at < %s AND deleted_at IS NULL",
+            [cutoff],
+        )
+        streams, chunks = cursor.fetchone()
+    return int(streams), int(chunks)
+
+
+@dataclass
+class Compacted:
+    streams: int = 0  # streams compacted whole
+    chunks: int = 0  # chunks folded into runs
+    runs: int = 0  # rows they became
+
+
+def compact(
+    cutoff: datetime.datetime,
+    *,
+    batch: int = 10_000,
+    using: str | None = None,
+    progress: Callable[[Compacted], None] | None = None,
+) -> Compacted:
+    """Fold the chunks of the streams closed before ``cutoff`` into runs (``runs.py``), the oldest
+    streams first, at most ``batch`` chunks per transaction; a stream closed within the last
+    ``2 x (CONNECT_TIMEOUT + QUERY_TIMEOUT)`` waits for the next pass. Every read answers the
+    same before and after, and during: each slice is one transaction, so a reader's snapshot
+    sees a chunk either in its row or in its run, never both or neither. Returns what was done.
+    """
+    if batch < 1:
+        raise ValueError("batch must be at least 1")
+    alias = using or conf.database()
+    grace = 2 * (conf.connect_timeout() + conf.query_timeout())
+    done = Compacted()
+    while True:
+        with connections[alias].cursor() as cursor:
+            cursor.execute(_COMPACTABLE_SQL, [cutoff, grace, 100])
+            streams = [row[0] for row in cursor.fetchall()]
+        if not streams:
+            return done
+        for stream_id in streams:
+            after: int | None = -1
+            while after is not None:
+                after = _compact_slice(alias, stream_id, after, batch, done)
+                if progress:
+                    progress(done)
+
+
+def _compact_slice(alias: str, stream_id: Any, after: int, batch: int, done: Compacted) -> int | None:
+    """One transaction: up to ``batch`` of a stream's chunks past ``after`` still in rows of
+    their own become runs, counted into ``done``; returns the offset the next slice starts
+    after, or None once the stream is compacted (its last slice marks it) or gone meanwhile."""
+    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        db.bound_idle(alias, cursor)  # a stopped compaction holds this row no longer
+        cursor.execute(_COMPACT_LOCK_SQL, [stream_id])
+        if cursor.fetchone() is None:
+            return None
+        cursor.execute(_PLAIN_SQL, [stream_id, after, batch + 1])
+        rows = cursor.fetchall()
+        last = len(rows) <= batch  # the slice reaches the stream's end
+        folds = _folds(rows[:batch], whole=last)
+        for fold in folds:
+            if len(fold) == 1:
+                continue  # a run of one would cost more than its row
+            text = fold[0][1] is not None
+            value, index, created_at = runs.pack([r[1] if text else r[2] for r in fold], [r[3] for r in fold])
+            cursor.execute(_FOLD_SQL, [stream_id, fold[0][0], fold[-1][0]])
+            values = (value, None) if text else (None, value)
+            cursor.execute(_RUN_SQL, [stream_id, fold[-1][0], *values, created_at, index])
+            done.chunks += len(fold)
+            done.runs += 1
+            transaction.on_commit(partial(metrics.chunks_compacted.inc, len(fold)), using=alias)
+        if not last:
+            return folds[-1][-1][0]
+        cursor.execute("UPDATE pgstreams_stream SET compacted_at = now() WHERE id = %s", [stream_id])
+        done.streams += 1
+        return None
+
+
+def _folds(rows: list[tuple[Any, ...]], *, whole: bool) -> list[list[tuple[Any, ...]]]:
+    """``rows`` (offset, data, blob, created_at) cut into runs: consecutive offsets, one kind of
+    value, at most RUN_CHUNKS chunks and RUN_BYTES bytes past the first. Unless ``whole`` (the
+    rows reach the stream's end), the last run, which the next slice may make longer, waits."""
+    folds: list[list[tuple[Any, ...]]] = []
+    size = 0
+    for row in rows:
+        value = row[1] if row[1] is not None else row[2]
+        length = runs.octets(value)
+        current = folds[-1] if folds else None
+        if (
+            current is None
+            or row[0] != current[-1][0] + 1
+            or (row[1] is None) != (current[0][1] is None)
+            or len(current) >= RUN_CHUNKS
+            or size + length > RUN_BYTES
+        ):
+            folds.append([row])
+            size = length
+        else:
+            current.append(row)
+            size += length
+    if not whole and len(folds) > 1:
+        folds.pop()
+    return folds
 
 
 def stats(using: str | None = None) -> dict[str, Any]:

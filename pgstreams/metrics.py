@@ -2,8 +2,9 @@
 
 Counts the flusher and the listener already keep (their ``stats``) are read at scrape time by a
 collector, so the hot paths keep one counter each. What has no such count is instrumented here:
-chunks written, flush and append batch sizes and durations, readers, WebSocket and SSE clients, and the delivery
-latency from a chunk's commit to its send. Each server process exposes its own figures.
+chunks written and compacted, flush and append batch sizes and durations, readers, WebSocket and
+SSE clients, and the delivery latency from a chunk's commit to its send. Each server process
+exposes its own figures.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from prometheus_client.utils import floatToGoString
 from .stats import FlusherStats, ListenerStats
 
 chunks_written = Counter("pgstreams_chunks_written", "Chunks committed by writers in this process.")
+chunks_compacted = Counter("pgstreams_chunks_compacted", "Chunks folded into runs by compaction in this process.")
 flush_batch = Histogram(
     "pgstreams_flush_batch_streams",
     "Streams announced per flush of the notification buffer.",

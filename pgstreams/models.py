@@ -114,6 +114,9 @@ class Stream(models.Model):
     deleted_at = models.DateTimeField(
         null=True, blank=True, editable=False, help_text="Deleted while forks of it remained: its path stays taken."
     )
+    compacted_at = models.DateTimeField(
+        null=True, blank=True, editable=False, help_text="When its chunks were folded into runs (compaction)."
+    )
 
     class Meta:
         db_table = "pgstreams_stream"
@@ -138,6 +141,12 @@ class Stream(models.Model):
                 condition=Q(deleted_at__isnull=True) & (Q(ttl__isnull=False) | Q(expires_at__isnull=False)),
             ),
             models.Index(fields=["id"], name="pgstreams_stream_tombstones", condition=Q(deleted_at__isnull=False)),
+            # Compaction takes the closed streams not compacted yet, the oldest first.
+            models.Index(
+                fields=["closed_at"],
+                name="pgstreams_stream_compactable",
+                condition=Q(closed_at__isnull=False) & Q(compacted_at__isnull=True),
+            ),
         ]
         constraints = [
             # Built without blocking writers by migration 0003.
@@ -172,6 +181,11 @@ class Chunk(models.Model):
     data = models.TextField(null=True, help_text="The chunk of a text stream.")
     blob = models.BinaryField(null=True, help_text="The chunk of a bytes stream.")
     created_at = models.DateTimeField()
+    run = models.BinaryField(
+        null=True,
+        editable=False,
+        help_text="A run's index (runs.py): the row holds that many chunks, up to its offset. NULL: one chunk.",
+    )
 
     class Meta:
         db_table = "pgstreams_chunk"

@@ -223,7 +223,7 @@ def test_a_tiny_storage_run_counts_the_bytes_of_every_chunk_and_prunes_them_all(
         "pgstreams_bench",
         "--storage",
         "--storage-chunks",
-        "2000",
+        "400",
         "--streams",
         "20",
     ]
@@ -233,12 +233,14 @@ def test_a_tiny_storage_run_counts_the_bytes_of_every_chunk_and_prunes_them_all(
     )
     assert done.returncode == 0, done.stderr[-3000:]
     tokens, lines = json.loads(out.read_text())["storage"]
-    assert (tokens["shape"], tokens["chunks"], tokens["data_bytes"]) == ("tokens", 2000, 8000)
-    assert (lines["shape"], lines["chunks"], lines["data_bytes"]) == ("lines", 2000, 200_000)
+    assert (tokens["shape"], tokens["chunks"], lines["shape"], lines["chunks"]) == ("tokens", 400, "lines", 400)
     for row in tokens, lines:
-        size = row["bytes_per_chunk"]
-        assert size["heap"] > size["data"] and size["indexes"] > 0 and row["wal_bytes_per_chunk"] > size["data"]
-        assert (row["prune"]["streams"], row["prune"]["chunks"]) == (20, 2000) and row["prune"]["wal_bytes"] > 0
+        plain, compacted = row["plain"], row["compacted"]
+        data = 4 if row["shape"] == "tokens" else 100
+        assert plain["bytes_per_chunk"]["data"] == compacted["bytes_per_chunk"]["data"] == data
+        assert plain["bytes_per_chunk"]["heap"] > plain["bytes_per_chunk"]["data"] and plain["wal_bytes_per_chunk"] > 0
+        assert compacted["bytes_per_chunk"]["total"] < plain["bytes_per_chunk"]["total"]
+        assert compacted["compaction"]["runs"] > 0 and plain["prune"]["dead_tuples"] >= 400
     assert "dead tuples" in done.stdout
 
 

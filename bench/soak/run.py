@@ -22,6 +22,7 @@ import json
 import logging
 import random
 import shutil
+import signal
 import socket
 import tempfile
 import threading
@@ -279,6 +280,12 @@ class Soak:
         workers = self.processes.of("writer", "reader", "clients", "aisdk")
         self._wait(lambda: all(s.finished for s in workers), SETTLE, "readers")
         stuck = [f"{s.name}-{s.incarnation}: {s.stderr_tail(300)}" for s in workers if not s.finished]
+        if stuck:  # where the servers are, for whoever reads the record
+            for slot in self.processes.of("daphne"):
+                if slot.alive():
+                    slot.proc.send_signal(signal.SIGUSR1)
+            time.sleep(2)
+            self.say("soak: the daphne processes' stacks, as readers were stuck, are in proc/daphne*.err")
         self.stop.set()
         streams.join(10)
         self.processes.stop()

@@ -1,10 +1,15 @@
 """Django settings of the soak's worker and server processes: the demo's, with the database
 aliases and PGSTREAMS overrides the coordinator passes in the environment (``SOAK_DATABASES``,
 ``SOAK_PGSTREAMS``: JSON). ``DATABASE_URL`` is the soak's own database, whose connections say
-whose they are in ``application_name``."""
+whose they are in ``application_name``. SIGUSR1 prints the process's threads' and tasks' stacks.
+pgstreams' warnings are logged: what a process met on its way (a reconnect, a socket closed)."""
 
+import asyncio
+import faulthandler
 import json
 import os
+import signal
+import sys
 
 from bench.soak.record import DJANGO_CONNECTIONS
 from demo_project.database import from_url
@@ -22,5 +27,18 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"pgstreams": {"handlers": ["console"], "level": "ERROR"}},
+    "loggers": {"pgstreams": {"handlers": ["console"], "level": "WARNING"}},
 }
+
+
+def _dump_stacks(signum: int, frame: object) -> None:
+    """SIGUSR1 (the coordinator's, at a reader it finds stuck): every thread's stack and every
+    asyncio task's, on stderr (the process's ``proc/*.err``)."""
+    faulthandler.dump_traceback(all_threads=True)
+    loop = asyncio._get_running_loop()
+    for task in asyncio.all_tasks(loop) if loop is not None else ():
+        task.print_stack(file=sys.stderr)
+    sys.stderr.flush()
+
+
+signal.signal(signal.SIGUSR1, _dump_stacks)

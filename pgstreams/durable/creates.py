@@ -27,7 +27,7 @@ from django.db import IntegrityError, connections, transaction
 from django.db.models.functions import Now
 from django.db.models.signals import post_save, pre_save
 
-from .. import appender, batch, conf, notify, threads
+from .. import appender, batch, conf, notify, runs, threads
 from ..auth import arequest_user
 from ..exceptions import StreamError
 from ..models import Stream, media_type
@@ -128,13 +128,7 @@ def _create(request: Any, alias: str, path: str, wanted: Wanted, body: bytes) ->
     with busy_if_held(path):
         stream.save(using=alias, force_insert=True)
     if inherited:
-        with connections[alias].cursor() as cursor:
-            cursor.execute(
-                'INSERT INTO pgstreams_chunk (stream_id, "offset", data, blob, created_at)'
-                ' SELECT %s, "offset", data, blob, created_at FROM pgstreams_chunk'
-                ' WHERE stream_id = %s AND "offset" < %s',
-                [stream.id, stream.forked_from_id, inherited],
-            )
+        _copy_chunks(alias, stream.forked_from_id, stream.id, inherited)
     if items or inherited or closed:  # else the row just inserted says it all
         _append_chunks(alias, stream, inherited, items, closing=closed)
     return State.of(stream), True
@@ -150,14 +144,60 @@ def _same_fork(existing: Stream, source: Stream | None, fork: Fork | None) -> bo
     )
 
 
+# The source's rows below a fork's offset, copied as they are (a run, runs.py, stays one), and the
+# run that holds that offset, if one does: its chunks below it are copied from Python.
+_COPY_SQL = (
+    'INSERT INTO pgstreams_chunk (stream_id, "offset", data, blob, created_at, run)'
+    ' SELECT %s, "offset", data, blob, created_at, run FROM pgstreams_chunk WHERE stream_id = %s AND "offset" < %s'
+)
+_ACROSS_SQL = (
+    'SELECT "offset", data, blob, created_at, run FROM pgstreams_chunk'
+    ' WHERE stream_id = %s AND "offset" >= %s ORDER BY "offset" LIMIT 1'
+)
+
+
+def _across(alias: str, source_id: Any, offset: int) -> tuple[list[str | bytes], list[datetime.datetime]]:
+    """The chunks below ``offset`` of the source's run that holds ``offset`` (none if no run
+    does), as values and times."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_ACROSS_SQL, [source_id, offset])
+        row = cursor.fetchone()
+    if row is None or row[4] is None:
+        return [], []
+    last, data, blob, created_at, run = row
+    values, times = runs.unpack(data if data is not None else blob, run, created_at)
+    below = offset - (last - len(values) + 1)
+    return values[:below], times[:below]
+
+
+def _copy_chunks(alias: str, source_id: Any, fork_id: Any, inherited: int) -> None:
+    """Copy the source's chunks ``0`` to ``inherited - 1`` into the fork."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_COPY_SQL, [fork_id, source_id, inherited])
+        values, times = _across(alias, source_id, inherited)
+        if values:
+            value, run, created_at = runs.pack(values, times)
+            text = isinstance(value, str)
+            cursor.execute(
+                'INSERT INTO pgstreams_chunk (stream_id, "offset", data, blob, created_at, run)'
+                " VALUES (%s, %s, %s, %s, %s, %s)",
+                [fork_id, inherited - 1, value if text else None, None if text else value, created_at, run],
+            )
+
+
 # What a chunk's copy costs besides its data: its row's header and columns, and its index entry.
 CHUNK_ROW_BYTES = 100
 
-# The inherited chunks' cost, counted over at most as many rows as the limit can pay for.
+# The inherited chunks' cost, counted over at most as many rows as the limit can pay for (a row
+# holds a chunk or, a run's, several: its count is in its index's head).
 _FORK_COST_SQL = f"""
-SELECT coalesce(sum(coalesce(octet_length(data), octet_length(blob)) + {CHUNK_ROW_BYTES}), 0)
+SELECT coalesce(sum(coalesce(octet_length(data), octet_length(blob)) + {CHUNK_ROW_BYTES} * chunks), 0)
 FROM (
-    SELECT data, blob FROM pgstreams_chunk WHERE stream_id = %s AND "offset" < %s ORDER BY "offset" LIMIT %s
+    SELECT data, blob, CASE WHEN run IS NULL THEN 1 ELSE (
+        SELECT get_byte(h, 3) + 256 * get_byte(h, 4) + 65536 * get_byte(h, 5) + 16777216::bigint * get_byte(h, 6)
+        FROM (SELECT substring(run FROM 1 FOR 7)) AS head(h)
+    ) END AS chunks
+    FROM pgstreams_chunk WHERE stream_id = %s AND "offset" < %s ORDER BY "offset" LIMIT %s
 ) AS inherited
 """
 
@@ -177,9 +217,11 @@ def _check_fork_cost(alias: str, source: Stream, inherited: int) -> None:
     """Refuse a fork that would copy more than MAX_FORK_BYTES, or make a chain of more than
     MAX_FORK_DEPTH forks."""
     most, deepest = conf.max_fork_bytes(), conf.max_fork_depth()
+    across = _across(alias, source.id, inherited)[0]
     with connections[alias].cursor() as cursor:
         cursor.execute(_FORK_COST_SQL, [source.id, inherited, most // CHUNK_ROW_BYTES + 1])
         (cost,) = cursor.fetchone()
+        cost += sum(runs.octets(value) + CHUNK_ROW_BYTES for value in across)
         if cost > most:
             raise Refused(
                 400,
@@ -212,16 +254,21 @@ def _fork_point(alias: str, source: Stream, offset: int, sub_offset: int) -> tup
             raise Refused(400, f"Stream-Fork-Sub-Offset {sub_offset} is past the source's last message")
         return offset + sub_offset, None
     with connections[alias].cursor() as cursor:
-        cursor.execute(
-            'SELECT data, blob FROM pgstreams_chunk WHERE stream_id = %s AND "offset" = %s', [source.id, offset]
-        )
+        cursor.execute(_ACROSS_SQL, [source.id, offset])
         row = cursor.fetchone()
-    if row is None:
+    value = None
+    if row is not None:
+        last, data, blob, _, run = row
+        stored = data if data is not None else blob
+        values = runs.unpack_values(stored, run) if run is not None else [stored]
+        if (first := last - len(values) + 1) <= offset:
+            value = values[offset - first]
+    if value is None:
         raise Refused(400, "Stream-Fork-Offset names a chunk that is no longer held")
-    whole = row[0].encode() if row[0] is not None else bytes(row[1])
+    whole = value.encode() if isinstance(value, str) else bytes(value)
     if sub_offset > len(whole):
         raise Refused(400, f"Stream-Fork-Sub-Offset {sub_offset} is past the end of that append ({len(whole)} bytes)")
-    if row[0] is None:
+    if not isinstance(value, str):
         return offset, whole[:sub_offset]
     try:
         return offset, whole[:sub_offset].decode()

@@ -32,7 +32,7 @@ from django.db import OperationalError, connections, transaction
 from django.db.models import ProtectedError, RestrictedError
 from django.db.models.deletion import Collector
 
-from .. import appender, conf, leases
+from .. import appender, conf, leases, runs
 from ..batch import EXPIRY_PASSED
 from ..models import Stream, is_text, media_type
 from ..types import Mark
@@ -459,14 +459,18 @@ def _use(alias: str, stream: Stream) -> None:
 
 
 # Chunks from an offset, as many as start within a response's bytes (their sizes read from the
-# values' headers: nothing past the limit is loaded).
+# values' headers: nothing past the limit is loaded). A run (runs.py) counts whole, except the
+# first row's, which may hold chunks before the offset; ``_chunks`` cuts what this lets in.
 _CHUNKS_SQL = """
-SELECT "offset", data, blob FROM (
-    SELECT "offset", data, blob,
-           sum(coalesce(octet_length(data), octet_length(blob))) OVER (ORDER BY "offset")
-           - coalesce(octet_length(data), octet_length(blob)) AS before
+SELECT "offset", data, blob, run FROM (
+    SELECT "offset", data, blob, run,
+           sum(coalesce(octet_length(data), octet_length(blob))) OVER w
+           - coalesce(octet_length(data), octet_length(blob))
+           - first_value(CASE WHEN run IS NULL THEN 0 ELSE coalesce(octet_length(data), octet_length(blob)) END)
+             OVER w AS before
     FROM pgstreams_chunk
     WHERE stream_id = %(stream)s AND "offset" >= %(start)s AND "offset" < %(end)s
+    WINDOW w AS (ORDER BY "offset")
     ORDER BY "offset" LIMIT %(chunks)s
 ) AS c
 WHERE before < %(bytes)s ORDER BY "offset"
@@ -483,11 +487,8 @@ def _chunks(alias: str, stream_id: uuid.UUID, start: int, end: int) -> list[str 
     with pgstreams_cursor(alias, prepare=False, binary=True) as cursor:
         cursor.execute(_CHUNKS_SQL, params)
         rows = cursor.fetchall()
-    chunks: list[str | bytes] = []
-    for offset, data, blob in rows:
-        if offset != start + len(chunks):
-            break  # a gap: the response stops before it
-        chunks.append(data if data is not None else blob)
+    held = ((offset, data if data is not None else blob, run, None) for offset, data, blob, run in rows)
+    chunks = runs.take(held, start, READ_CHUNKS, READ_BYTES)[0]  # up to a gap, if one comes first
     if not chunks:
         raise Refused(410, f"offset {wire.format_offset(start)} is no longer held (pruned)")
     return chunks

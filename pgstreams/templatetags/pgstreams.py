@@ -13,19 +13,19 @@ the page starts; the chunks are read from there through this process's listener
 
 from __future__ import annotations
 
+from itertools import islice
 from typing import Any, Final
 
 from django import template
 from django.core.exceptions import ImproperlyConfigured
-from django.db.models import F, Func, IntegerField
+from django.db import connections
 from django.http import Http404
 from django.urls import reverse
 from django.utils.safestring import mark_safe
 
-from .. import conf
+from .. import conf, runs
 from ..auth import _readable_stream
 from ..exceptions import ChunksPruned, StreamNotFound
-from ..models import Chunk
 from ..protocol import html_text
 from ..reader import read
 from ..types import stream_uuid
@@ -87,18 +87,27 @@ def stream_html(
     }
 
 
+# The rows below an offset, the last first: each one's offset and size, a run's (runs.py) its
+# chunks' lengths, from its index, its data left where it is.
+_SIZES_SQL = (
+    'SELECT "offset", octet_length(data), run FROM pgstreams_chunk'
+    ' WHERE stream_id = %s AND "offset" < %s ORDER BY "offset" DESC LIMIT %s'
+)
+
+
 def _start(sid: Any, end: int, last: int, last_bytes: int) -> int:
     """Where the page starts: the offset of the first of the last chunks below ``end`` (at most
     ``last``) whose text fits in ``last_bytes``, the last chunk at least; ``end`` if none."""
+    with connections[conf.database()].cursor() as cursor:
+        cursor.execute(_SIZES_SQL, [sid, end, last])
+        rows = cursor.fetchall()
     sizes = (
-        Chunk.objects.using(conf.database())
-        .filter(stream_id=sid, offset__lt=end)
-        .order_by("-offset")
-        .annotate(size=Func(F("data"), function="octet_length", output_field=IntegerField()))
-        .values_list("offset", "size")[:last]
+        (offset - back, size)
+        for offset, size, run in rows
+        for back, size in enumerate(reversed(runs.lengths(run)) if run is not None else [size])
     )
     start, total = end, 0
-    for offset, size in sizes:
+    for offset, size in islice(sizes, last):
         total += size or 0
         if total > last_bytes and start < end:
             break

@@ -103,8 +103,8 @@ def test_chunks_pruned_after_the_window_reset_it() -> None:
 
 def rows(key_index: int, next_offset: int | None, closed: bool, offsets: list[int]) -> list[tuple]:
     if not offsets:
-        return [(key_index, next_offset, closed, None, None, None, None)]
-    return [(key_index, next_offset, closed, o, f"c{o}", None, AT) for o in offsets]
+        return [(key_index, next_offset, closed, None, None, None, None, None)]
+    return [(key_index, next_offset, closed, o, f"c{o}", None, AT, None) for o in offsets]
 
 
 def test_rows_become_pages_of_consecutive_chunks() -> None:
@@ -164,3 +164,20 @@ def test_a_readers_chunks_carry_their_own_data_and_time_after_the_window_is_trim
     assert tail.jump(35) and (tail.start, tail.end, tail.values, tail.times) == (35, 35, [], [])
     assert tail.merge(35, distinct(35, 37), budget)
     assert [(c.offset, right(c)) for c in tail.batch(0, 2**62)] == [(35, True), (36, True)]
+
+
+def test_a_run_becomes_its_chunks_from_the_pages_offset_and_a_gap_before_it_says_where_to_resume() -> None:
+    from pgstreams import runs
+
+    value, run, at = runs.pack([f"c{o}" for o in range(3, 8)], [AT] * 5)  # offsets 3 to 7 in one row
+    row = (value, None, at, run)
+    keys = [(SID, 5), (SID, 0), (SID, 3)]
+    pages = pages_from_rows(
+        keys,
+        [(1, 9, True, 7, *row), (1, 9, True, 8, "c8", None, AT, None)]
+        + [(2, 9, True, 7, *row)]
+        + [(3, 9, True, 7, *row), (3, 9, True, 9, "c9", None, AT, None)],
+    )
+    assert [(c.offset, c.data) for c in pages[(SID, 5)].chunks(SID, 5)] == [(5, "c5"), (6, "c6"), (7, "c7"), (8, "c8")]
+    assert pages[(SID, 0)].chunks(SID, 0) == [] and pages[(SID, 0)].pruned_to == 3
+    assert [c.offset for c in pages[(SID, 3)].chunks(SID, 3)] == [3, 4, 5, 6, 7]  # and not 9, past a gap
