@@ -100,10 +100,11 @@ KINDS = [
         "storage",
         "What a chunk costs on disk",
         (
-            "Chunks written as LLM tokens (4 bytes) and as log lines (100 bytes), a stream_writer per "
-            "stream, on a scratch server: the chunk table's bytes per chunk (heap, TOAST, indexes) and "
-            "the WAL per chunk, beside the data's own bytes; then every stream pruned, as a day's worth "
-            "would be: its time, WAL and the dead tuples it leaves."
+            "A million chunks written as LLM tokens (4 bytes, 20 a second a stream) and as log lines "
+            "(100 bytes), a stream_writer per stream, on a scratch server: the chunk table's bytes per "
+            "chunk (heap, TOAST, indexes) and the WAL per chunk, beside the data's own bytes, as written "
+            "and once compacted (pgstreams_compact, then the table rewritten); then every stream pruned: "
+            "its time, WAL and the dead tuples it leaves."
         ),
     ),
     Kind(
