@@ -257,17 +257,20 @@ def compact(
     batch: int = 10_000,
     using: str | None = None,
     progress: Callable[[Compacted], None] | None = None,
+    grace: float | None = None,
 ) -> Compacted:
     """Fold the chunks of the streams closed before ``cutoff`` into runs (``runs.py``), the oldest
     streams first, at most ``batch`` chunks per transaction; a stream closed within the last
-    ``2 x (CONNECT_TIMEOUT + QUERY_TIMEOUT)`` waits for the next pass. Every read answers the
+    ``grace`` seconds (by default ``2 x (CONNECT_TIMEOUT + QUERY_TIMEOUT)``: a writer whose
+    commit went unanswered judges it meanwhile) waits for the next pass. Every read answers the
     same before and after, and during: each slice is one transaction, so a reader's snapshot
     sees a chunk either in its row or in its run, never both or neither. Returns what was done.
     """
     if batch < 1:
         raise ValueError("batch must be at least 1")
     alias = using or conf.database()
-    grace = 2 * (conf.connect_timeout() + conf.query_timeout())
+    if grace is None:
+        grace = 2 * (conf.connect_timeout() + conf.query_timeout())
     done = Compacted()
     while True:
         with connections[alias].cursor() as cursor:

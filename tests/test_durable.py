@@ -30,7 +30,7 @@ from django.utils import timezone
 
 import pgstreams
 from demo_project.servers import SERVERS
-from pgstreams import conf, db
+from pgstreams import conf, db, maintenance
 from pgstreams.durable import store, wire
 from pgstreams.models import Stream
 from tests.conftest import open_server, serving
@@ -104,6 +104,44 @@ def test_the_official_conformance_suite_passes_every_test(conformance: dict[str,
     )
     assert not failed, "\n".join(failed) or results["output"][-3000:]
     assert results["numPassedTests"] == results["numTotalTests"] - results["numPendingTests"] >= SUITE_TESTS
+
+
+def test_the_official_conformance_suite_passes_on_streams_compacted_as_it_reads_them(tmp_path) -> None:
+    """The suite against daphne while this process compacts every stream the moment it is
+    closed (no grace), again and again: its reads, catch-ups, forks and offsets meet runs."""
+    stop, compacted, errors = threading.Event(), [], []
+
+    def compact_all() -> None:
+        try:
+            while not stop.wait(0.02):
+                compacted.append(maintenance.compact(timezone.now() + datetime.timedelta(days=1), grace=0).streams)
+        except Exception as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    compactor = threading.Thread(target=compact_all, name="compactor")
+    with open_server("daphne") as host:
+        compactor.start()
+        env = {**os.environ, "CONFORMANCE_TEST_URL": f"http://{host}/pgstreams"}
+        command = ["npx", "vitest", "run", "conformance.test.mjs", "--reporter=json", f"--outputFile={tmp_path}/r.json"]
+        try:
+            done = subprocess.run(command, cwd=node_dir(), env=env, capture_output=True, text=True, timeout=900)
+        finally:
+            stop.set()
+            compactor.join(60)
+    results = json.loads((tmp_path / "r.json").read_text()) if (tmp_path / "r.json").exists() else {}
+    assert "testResults" in results, done.stdout[-3000:]
+    failed = [
+        f"{' > '.join(test['ancestorTitles'])} > {test['title']}: {test['failureMessages'][:1]}"
+        for file in results["testResults"]
+        for test in file["assertionResults"]
+        if test["status"] == "failed"
+    ]
+    print(f"suite on compacted streams: {results['numPassedTests']} passed; {sum(compacted)} streams compacted")
+    assert not errors and not failed, "\n".join(failed) or errors
+    assert results["numPassedTests"] == results["numTotalTests"] - results["numPendingTests"] >= SUITE_TESTS
+    assert sum(compacted) > 100
 
 
 @pytest.mark.parametrize("live", ["long-poll", "sse"])

@@ -2,7 +2,7 @@
 aliases and PGSTREAMS overrides the coordinator passes in the environment (``SOAK_DATABASES``,
 ``SOAK_PGSTREAMS``: JSON). ``DATABASE_URL`` is the soak's own database, whose connections say
 whose they are in ``application_name``. SIGUSR1 prints the process's threads' and tasks' stacks.
-pgstreams' warnings are logged: what a process met on its way (a reconnect, a socket closed)."""
+pgstreams' warnings and notes are logged: what a process met on its way (a reconnect, a client given up)."""
 
 import asyncio
 import faulthandler
@@ -27,7 +27,7 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"pgstreams": {"handlers": ["console"], "level": "WARNING"}},
+    "loggers": {"pgstreams": {"handlers": ["console"], "level": "INFO"}},
 }
 
 
@@ -36,8 +36,13 @@ def _dump_stacks(signum: int, frame: object) -> None:
     asyncio task's, on stderr (the process's ``proc/*.err``)."""
     faulthandler.dump_traceback(all_threads=True)
     loop = asyncio._get_running_loop()
-    for task in asyncio.all_tasks(loop) if loop is not None else ():
-        task.print_stack(file=sys.stderr)
+    tasks = asyncio.all_tasks(loop) if loop is not None else set()
+    print(f"{len(tasks)} asyncio tasks in the main thread's loop ({loop!r})", file=sys.stderr)
+    for task in tasks:
+        try:
+            task.print_stack(file=sys.stderr)
+        except Exception as exc:  # a stack that cannot be printed: say so, go on with the others
+            print(f"{task!r}: {exc!r}", file=sys.stderr)
     sys.stderr.flush()
 
 
