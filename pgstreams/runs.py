@@ -1,5 +1,6 @@
 """Runs: consecutive chunks of a closed stream held in one row of ``pgstreams_chunk``, as
-compaction writes them, and how a row becomes chunks again.
+compaction writes them; how a row becomes chunks again; and how the reads take chunks from rows,
+runs among them, cut as their queries cut rows of one chunk (``take``).
 
 A run's row is keyed by its last chunk's offset, so that a read's range scan from any offset
 inside it (``"offset" >= X``) finds it; its ``data`` (or ``blob``) holds its chunks' values end to
