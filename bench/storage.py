@@ -181,7 +181,13 @@ def _prune(shape: str, say: Callable[[str], None]) -> dict[str, Any]:
     prune_wal = _wal(ALIAS) - wal
     dead = _dead_tuples() - dead
     say(f"storage: {shape}: pruned {pruned.streams:,} streams in {seconds:.1f} s; {dead:,} dead tuples left")
-    return {"seconds": round(seconds, 2), "wal_bytes": prune_wal, "dead_tuples": dead}
+    return {
+        "streams": pruned.streams,
+        "chunks": pruned.chunks,
+        "seconds": round(seconds, 2),
+        "wal_bytes": prune_wal,
+        "dead_tuples": dead,
+    }
 
 
 def _vacuum_full() -> None:

@@ -241,6 +241,8 @@ def test_a_tiny_storage_run_counts_the_bytes_of_every_chunk_and_prunes_them_all(
         assert plain["bytes_per_chunk"]["heap"] > plain["bytes_per_chunk"]["data"] and plain["wal_bytes_per_chunk"] > 0
         assert compacted["bytes_per_chunk"]["total"] < plain["bytes_per_chunk"]["total"]
         assert compacted["compaction"]["runs"] > 0 and plain["prune"]["dead_tuples"] >= 400
+        assert (plain["prune"]["streams"], plain["prune"]["chunks"]) == (20, 400)
+        assert (compacted["prune"]["streams"], compacted["prune"]["chunks"]) == (20, 400)
     assert "dead tuples" in done.stdout
 
 

@@ -111,12 +111,14 @@ def _create(request: Any, alias: str, path: str, wanted: Wanted, body: bytes) ->
 
     stream = _new(_owner(getattr(request, "user", None)), path, content_type, ttl, expires_at)
     items: list[str | bytes] = []
+    across: tuple[list[str | bytes], list[datetime.datetime]] = ([], [])
     if source is not None and fork is not None:
         stream.forked_from = source
         stream.fork_offset = source.next_offset if fork.offset is None else fork.offset
         stream.fork_sub_offset = fork.sub_offset
         inherited, part = _fork_point(alias, source, stream.fork_offset, fork.sub_offset)
-        _check_fork_cost(alias, source, inherited)
+        across = _across(alias, source.id, inherited)
+        _check_fork_cost(alias, source, inherited, across[0])
         items = [part] if part is not None else []
     else:
         inherited = 0
@@ -128,7 +130,7 @@ def _create(request: Any, alias: str, path: str, wanted: Wanted, body: bytes) ->
     with busy_if_held(path):
         stream.save(using=alias, force_insert=True)
     if inherited:
-        _copy_chunks(alias, stream.forked_from_id, stream.id, inherited)
+        _copy_chunks(alias, stream.forked_from_id, stream.id, inherited, across)
     if items or inherited or closed:  # else the row just inserted says it all
         _append_chunks(alias, stream, inherited, items, closing=closed)
     return State.of(stream), True
@@ -170,11 +172,14 @@ def _across(alias: str, source_id: Any, offset: int) -> tuple[list[str | bytes],
     return values[:below], times[:below]
 
 
-def _copy_chunks(alias: str, source_id: Any, fork_id: Any, inherited: int) -> None:
-    """Copy the source's chunks ``0`` to ``inherited - 1`` into the fork."""
+def _copy_chunks(
+    alias: str, source_id: Any, fork_id: Any, inherited: int, across: tuple[list[str | bytes], list[datetime.datetime]]
+) -> None:
+    """Copy the source's chunks ``0`` to ``inherited - 1`` into the fork: its rows below, then
+    ``across`` (``_across``: the part below of the run that holds ``inherited``) as a run."""
     with connections[alias].cursor() as cursor:
         cursor.execute(_COPY_SQL, [fork_id, source_id, inherited])
-        values, times = _across(alias, source_id, inherited)
+        values, times = across
         if values:
             value, run, created_at = runs.pack(values, times)
             text = isinstance(value, str)
@@ -213,11 +218,11 @@ SELECT count(*) FROM chain WHERE id IS NOT NULL
 """
 
 
-def _check_fork_cost(alias: str, source: Stream, inherited: int) -> None:
-    """Refuse a fork that would copy more than MAX_FORK_BYTES, or make a chain of more than
+def _check_fork_cost(alias: str, source: Stream, inherited: int, across: list[str | bytes]) -> None:
+    """Refuse a fork that would copy more than MAX_FORK_BYTES (its rows below ``inherited`` and
+    ``across``, the chunks below it of the run that holds it), or make a chain of more than
     MAX_FORK_DEPTH forks."""
     most, deepest = conf.max_fork_bytes(), conf.max_fork_depth()
-    across = _across(alias, source.id, inherited)[0]
     with connections[alias].cursor() as cursor:
         cursor.execute(_FORK_COST_SQL, [source.id, inherited, most // CHUNK_ROW_BYTES + 1])
         (cost,) = cursor.fetchone()
