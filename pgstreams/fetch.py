@@ -106,7 +106,7 @@ async def fetch_pages(
     hand each key refused alone to ``refuse``."""
     try:
         return await _fetch(conn, keys)
-    except psycopg.DatabaseError as exc:
+    except (psycopg.DatabaseError, runs.BadRun) as exc:
         if not _refused(exc, conn):
             raise
         logger.warning(
@@ -116,7 +116,7 @@ async def fetch_pages(
     for key in keys:
         try:
             pages.update(await _fetch(conn, [key]))
-        except psycopg.DatabaseError as exc:
+        except (psycopg.DatabaseError, runs.BadRun) as exc:
             if not _refused(exc, conn):
                 raise
             refuse(key, exc)
@@ -207,7 +207,8 @@ def _pages(keys: list[Key], rows: list[tuple[Any, ...]]) -> dict[Key, Page]:
     return pages
 
 
-def _refused(exc: psycopg.DatabaseError, conn: psycopg.AsyncConnection[Any]) -> bool:
-    """Whether the database refused the query itself, on a connection that still works (not a
-    lost connection, nor a query cut off by its deadline)."""
+def _refused(exc: Exception, conn: psycopg.AsyncConnection[Any]) -> bool:
+    """Whether the database refused the query itself, or gave a row that cannot be read (a run
+    whose index is corrupt), on a connection that still works (not a lost connection, nor a
+    query cut off by its deadline)."""
     return not isinstance(exc, psycopg.OperationalError) and not conn.broken

@@ -28,6 +28,7 @@ from typing import Final
 FORMAT: Final = 1
 _HEAD: Final = struct.Struct("<B2sI")
 _MICROSECOND: Final = datetime.timedelta(microseconds=1)
+UTC: Final = datetime.UTC
 
 Value = str | bytes
 
@@ -63,7 +64,8 @@ def pack(values: list[Value], times: list[datetime.datetime]) -> tuple[Value, by
         raise ValueError("a run's chunks are all text or all bytes")
     last = times[-1]
     lengths = _narrowest([len(v) for v in encoded], "HI")
-    before = _narrowest([(last - t) // _MICROSECOND for t in times], "iq")
+    # In UTC: two times of one zone subtract as wall-clock times, across a DST change too.
+    before = _narrowest([(last.astimezone(UTC) - t.astimezone(UTC)) // _MICROSECOND for t in times], "iq")
     head = _HEAD.pack(FORMAT, (lengths.typecode + before.typecode).encode(), len(values))
     value: Value = "".join(values) if text else b"".join(values)  # type: ignore[arg-type]
     return value, head + _little(lengths) + _little(before), last
@@ -72,7 +74,8 @@ def pack(values: list[Value], times: list[datetime.datetime]) -> tuple[Value, by
 def unpack(value: Value, run: bytes, created_at: datetime.datetime) -> tuple[list[Value], list[datetime.datetime]]:
     """A run row's chunks: their values and times, in offset order."""
     lengths, before = _index(run)
-    return split(value, lengths), [created_at - b * _MICROSECOND for b in before]
+    last = created_at.astimezone(UTC)  # as pack() counted, then in the row's zone again
+    return split(value, lengths), [(last - b * _MICROSECOND).astimezone(created_at.tzinfo) for b in before]
 
 
 def unpack_values(value: Value, run: bytes) -> list[Value]:
@@ -84,18 +87,18 @@ def _index(run: bytes) -> tuple[array[int], array[int]]:
     """A run's lengths and times, as ``run`` holds them."""
     try:
         version, codes, count = _HEAD.unpack_from(run)
+        if version != FORMAT:
+            raise BadRun(f"a run of format {version}, which this version of pgstreams does not read")
         lengths, before = array(chr(codes[0])), array(chr(codes[1]))
+        at = _HEAD.size
+        for items in (lengths, before):
+            end = at + count * items.itemsize
+            items.frombytes(bytes(run[at:end]))
+            at = end
+            if sys.byteorder == "big":
+                items.byteswap()
     except (struct.error, ValueError) as exc:
         raise BadRun(f"a run's index is unreadable: {exc}") from None
-    if version != FORMAT:
-        raise BadRun(f"a run of format {version}, which this version of pgstreams does not read")
-    at = _HEAD.size
-    for items in (lengths, before):
-        end = at + count * items.itemsize
-        items.frombytes(bytes(run[at:end]))
-        at = end
-        if sys.byteorder == "big":
-            items.byteswap()
     if len(lengths) != count or len(before) != count or at != len(run):
         raise BadRun("a run's index does not match its data")
     return lengths, before
@@ -188,4 +191,7 @@ def octets(value: Value) -> int:
 
 def count(run: bytes) -> int:
     """The chunks a run row holds (without unpacking them)."""
-    return int(_HEAD.unpack_from(run)[2])
+    try:
+        return int(_HEAD.unpack_from(run)[2])
+    except struct.error as exc:
+        raise BadRun(f"a run's index is unreadable: {exc}") from None

@@ -280,3 +280,44 @@ def test_the_command_and_the_task_compact_what_a_dry_run_announces(capsys) -> No
     assert "nothing to compact" in capsys.readouterr().out
     with pytest.raises(CommandError, match="--closed-before 'soon' is neither an age"):
         call_command("pgstreams_compact", "--closed-before", "soon")
+
+
+async def test_a_fork_into_a_pruned_gap_of_a_compacted_stream_holds_nothing_it_should_not() -> None:
+    """A prune stopped after its first slice leaves a stream without its first chunks; a fork
+    at an offset in that gap inherits nothing held, compacted or not (found by an attack: the
+    run past the gap gave its chunks to the fork under other offsets)."""
+    values = [f"v{i}é" for i in range(100)]
+    stream = await sync_to_async(write)(values, path="gapped")
+
+    def prune_a_slice() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute('DELETE FROM pgstreams_chunk WHERE stream_id = %s AND "offset" < 50', [stream.id])
+
+    await sync_to_async(prune_a_slice)()
+    client = AsyncClient()
+
+    async def fork(tag: str) -> tuple[int, int, bytes]:
+        headers = {"Stream-Forked-From": "/pgstreams/v1/stream/gapped", "Stream-Fork-Offset": wire.format_offset(10)}
+        made = await client.put(f"/pgstreams/v1/stream/gap-{tag}", headers={**headers, "Content-Type": "text/plain"})
+        read = await client.get(f"/pgstreams/v1/stream/gap-{tag}?offset=-1")
+        return made.status_code, read.status_code, read.content
+
+    with OPEN:
+        before = await fork("before")
+        assert (await sync_to_async(maintenance.compact)(maintenance.parse_cutoff(FAR))).streams == 1
+        after = await fork("after")
+    assert after == before and before[:2] == (201, 410)
+
+
+def test_a_run_that_cannot_be_read_fails_its_own_readers_and_no_other() -> None:
+    """A run whose index is corrupt (cut short here): its stream's reader gets a StreamError,
+    and a reader of another stream fetched in the same rounds reads on (found by an attack: the
+    fetch round failed whole, again and again, and every reader of the process waited)."""
+    bad = write([f"c{i}" for i in range(50)])
+    assert maintenance.compact(maintenance.parse_cutoff(FAR)).streams == 1
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE pgstreams_chunk SET run = substring(run FROM 1 FOR 3) WHERE stream_id = %s", [bad.id])
+    good = write([f"g{i}" for i in range(20)])
+    with pytest.raises(pgstreams.StreamError, match="unreadable"):
+        list(pgstreams.read(bad.id, timeout=10))
+    assert [c.data for c in pgstreams.read(good.id, timeout=10)] == [f"g{i}" for i in range(20)]

@@ -168,7 +168,7 @@ def _across(alias: str, source_id: Any, offset: int) -> tuple[list[str | bytes],
         return [], []
     last, data, blob, created_at, run = row
     values, times = runs.unpack(data if data is not None else blob, run, created_at)
-    below = offset - (last - len(values) + 1)
+    below = max(0, offset - (last - len(values) + 1))  # a run past a pruned gap holds none below
     return values[:below], times[:below]
 
 

@@ -63,5 +63,22 @@ def test_an_index_that_does_not_match_its_data_is_refused() -> None:
         runs.unpack(value + "d", run, created_at)
     with pytest.raises(runs.BadRun, match="format 2"):
         runs.unpack(value, b"\x02" + run[1:], created_at)
+    for cut in (run[:3], run[:-1]):  # its head cut short; its index's last item cut short
+        with pytest.raises(runs.BadRun, match="unreadable"):
+            runs.unpack(value, cut, created_at)
     with pytest.raises(runs.BadRun, match="unreadable"):
-        runs.unpack(value, run[:3], created_at)
+        runs.count(run[:3])
+
+
+def test_times_in_a_zone_with_daylight_saving_come_back_as_they_were_across_its_change() -> None:
+    """A connection in such a zone gives times of one tzinfo: they subtract as wall-clock times,
+    an hour off across the change, unless counted in UTC."""
+    from zoneinfo import ZoneInfo
+
+    new_york = ZoneInfo("America/New_York")
+    start = datetime.datetime(2026, 11, 1, 5, 30, tzinfo=UTC)  # 01:30 EDT: the change is at 06:00 UTC
+    times = [(start + datetime.timedelta(minutes=i)).astimezone(new_york) for i in range(60)]
+    value, run, created_at = runs.pack([f"d{i}" for i in range(60)], times)
+    got = runs.unpack(value, run, created_at)[1]
+    assert [t.astimezone(UTC) for t in got] == [t.astimezone(UTC) for t in times]
+    assert [t.isoformat() for t in got] == [t.isoformat() for t in times]
