@@ -13,6 +13,10 @@ one upstream: a TCP (host, port) or a Unix socket path.
   sends on it are forwarded only in part, then both sockets are reset (a connection idle for
   ``CUT_IDLE`` seconds is reset as it is). The client sees half a frame, then a reset.
 
+``rate`` (bytes a second, None: no bound) slows what a client sends to what a slow network would
+carry, so that little of it waits in the kernel's buffers: a client process stopped (SIGSTOP) with
+the proxy in it leaves its server waiting inside the message it was sending.
+
 ``proxy_for(settings_dict)`` builds one for a Django DATABASES entry and ``database_via`` returns
 the entry that goes through it. It does not inspect the protocols it carries, simulate latency
 or packet loss, nor unfreeze a connection.
@@ -65,11 +69,14 @@ class _Link:
 class FreezingProxy:
     """A TCP proxy on 127.0.0.1 whose open connections can be frozen, cut or dropped (see the
     module docstring). ``max_connections`` bounds how many it accepts in its life (None: no
-    bound)."""
+    bound), ``rate`` how many bytes a second it forwards at most from each client (None: no bound)."""
 
-    def __init__(self, upstream: Upstream, *, max_connections: int | None = 1000, port: int = 0) -> None:
+    def __init__(
+        self, upstream: Upstream, *, max_connections: int | None = 1000, port: int = 0, rate: float | None = None
+    ) -> None:
         self.upstream = upstream
         self.max_connections = max_connections
+        self.rate = rate
         self._listener = socket.create_server(("127.0.0.1", port))
         self._listener.settimeout(POLL_INTERVAL)
         self.port: int = self._listener.getsockname()[1]
@@ -209,6 +216,7 @@ class FreezingProxy:
                     return
                 for key, _ in ready:
                     source: socket.socket = key.fileobj  # type: ignore[assignment]
+                    forwarded = 0
                     with link.lock:
                         if link.frozen_at is not None or link.closed:
                             return
@@ -220,11 +228,14 @@ class FreezingProxy:
                                 return
                             if data:
                                 peer[source].sendall(data)
+                                forwarded = len(data) if source is link.client else 0
                         except OSError:
                             data = b""
                         if not data:
                             link.close()
                             return
+                    if forwarded and self.rate:
+                        time.sleep(forwarded / self.rate)
                 if link.frozen_at is not None:
                     return
                 if link.cut_at is not None and time.monotonic() - link.cut_at >= CUT_IDLE:

@@ -790,6 +790,14 @@ def test_a_committed_batch_that_wrote_no_chunk_is_found_committed_after_its_rows
 _FLOODER = """
 import os, sys, threading
 import django
+from django.conf import settings
+from bench.proxy import database_via, proxy_for
+
+# Its connections cross a proxy of its own at 4 MB/s, which stops with it: what it has not yet
+# sent is not waiting in the kernel's buffers (on TCP they take MiBs), so the server stays in the
+# message.
+proxy = proxy_for(settings.DATABASES["default"], rate=4e6).start()
+settings.DATABASES["default"] = database_via(proxy, settings.DATABASES["default"])
 django.setup()
 import pgstreams
 
