@@ -286,7 +286,8 @@ def response(stream_id: Any, *, using: str | None = None) -> StreamingHttpRespon
     then each as it commits, then ``[DONE]`` at the stream's close. The caller has checked that
     the request may read it."""
     sid = stream_uuid(stream_id)
-    reply = StreamingHttpResponse(_events(sid, using or conf.database()), content_type="text/event-stream")
+    body = delivery.ending_on_error(_events(sid, using or conf.database()), f"the answer in stream {sid}", _failed)
+    reply = StreamingHttpResponse(body, content_type="text/event-stream")
     for header, value in HEADERS.items():
         reply[header] = value
     return reply
@@ -306,6 +307,12 @@ async def _events(sid: uuid.UUID, alias: str) -> AsyncIterator[bytes]:
     except ChunksPruned:
         yield _sse_part(part("error", errorText="The answer's first parts were pruned."))
     yield _DONE
+
+
+def _failed(error: Exception) -> bytes:
+    """The end of an answer whose reading failed: an error part the page shows (reloaded, it
+    resumes the answer), then the stream's end."""
+    return _sse_part(part("error", errorText="The answer could not be read on; reload to resume it.")) + _DONE
 
 
 def _sse_data(chunks: Sequence[StreamChunk]) -> bytes:

@@ -42,6 +42,7 @@ from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.sessions import InstanceSessionWrapper
 from django.core.exceptions import PermissionDenied
+from django.db import DatabaseError
 
 from . import delivery, metrics, protocol
 from .auth import readable_stream
@@ -96,6 +97,11 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
             return await self.refuse(NOT_FOUND, f"no stream {self.stream_id}")
         except PermissionDenied:
             return await self.refuse(FORBIDDEN, f"not allowed to read stream {self.stream_id}")
+        except DatabaseError as exc:  # closed here: after an accept, the server's own close may never come
+            logger.warning("pgstreams: cannot look stream %s up for a WebSocket: %s", self.stream_id, exc)
+            return await self.refuse(
+                SERVER_ERROR, f"could not look the stream up; reconnect with ?from={self.position}"
+            )
         if self.position > stream.next_offset:
             return await self.refuse(BAD_REQUEST, protocol.past_end(self.position, stream))
         # The bytes of a chunks frame around its items: the same for every frame of this socket.

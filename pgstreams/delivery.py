@@ -1,7 +1,8 @@
 """What the endpoints send of a stream's chunks, made once per process: the subscribers of one
 stream in one process that are at the same place (a live stream's followers all are) get the
 same encoded bytes, made by the first of them to ask and kept for the others; and the delivery
-metrics are counted by that first one, not once per subscriber.
+metrics are counted by that first one, not once per subscriber. ``ending_on_error`` is how a
+response's body ends when its reading fails after the response began.
 
 A subscriber at its stream's tail can also be followed for by the stream's fan in its event
 loop (``follow``): one per stream and loop, called back by the listener, that steps through each
@@ -25,19 +26,24 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any, Final, Protocol, TypeVar
 
+from django.db import DatabaseError
+
 from . import metrics
+from .exceptions import StreamError
 from .reader import Progress, Reading
 from .reader import afollow as read_by_itself
 from .types import StreamChunk
 from .waits import ForPage
 
 T = TypeVar("T")
+logger = logging.getLogger("pgstreams.delivery")
 
 # Encodings kept: a few rounds' worth for every stream a process follows, and of at most this
 # much chunk data in all.
@@ -348,6 +354,31 @@ async def afollow(stream_id: uuid.UUID, *, from_offset: int = 0, idle: float | N
         if why is END:
             return
         position = inbox.position
+
+
+async def ending_on_error(
+    body: AsyncIterator[bytes], what: str, last: Callable[[Exception], bytes] | None = None
+) -> AsyncIterator[bytes]:
+    """``body``, a streaming response's, ended instead of raised out of when it fails (the
+    database lost mid-answer, a StreamError), after ``last(error)`` if given: the error is logged
+    (``what`` names the response) and the client, which sees the response end, resumes from what
+    it read. Raised out of after the response began, an exception has no answer left to make,
+    and daphne's handling of it (a second response start, refused with ValueError) stops the
+    check that closes every later failed connection of the process: they stayed open, silent."""
+    async with contextlib.aclosing(body):
+        try:
+            async for part in body:
+                yield part
+        except (DatabaseError, StreamError) as exc:
+            logger.warning("pgstreams: ending %s: %s", what, exc)
+            error: Exception = exc
+        except Exception as exc:
+            logger.exception("pgstreams: ending %s after an error", what)
+            error = exc
+        else:
+            return
+    if last is not None:
+        yield last(error)
 
 
 def reraised(error: BaseException) -> BaseException:

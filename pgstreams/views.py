@@ -82,7 +82,10 @@ async def _events_response(request: HttpRequest, stream_id: uuid.UUID) -> HttpRe
     if encode is _html_events and not stream.holds_text:
         message = f"format=html is for text streams; stream {stream_id} holds bytes ({stream.content_type})"
         return HttpResponseBadRequest(f"{message}\n", content_type="text/plain")
-    response = StreamingHttpResponse(_event_stream(stream_id, start, kind, encode), content_type="text/event-stream")
+    body = delivery.ending_on_error(
+        _event_stream(stream_id, start, kind, encode), f"the SSE response of stream {stream_id}"
+    )
+    response = StreamingHttpResponse(body, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx: do not buffer the stream
     return response

@@ -16,7 +16,7 @@ from django.db import connection
 from django.test import AsyncClient, override_settings
 
 import pgstreams
-from pgstreams import db, fetch, maintenance
+from pgstreams import aisdk, db, fetch, maintenance
 from pgstreams.durable import wire
 from pgstreams.models import Stream
 
@@ -321,3 +321,25 @@ def test_a_run_that_cannot_be_read_fails_its_own_readers_and_no_other() -> None:
     with pytest.raises(pgstreams.StreamError, match="unreadable"):
         list(pgstreams.read(bad.id, timeout=10))
     assert [c.data for c in pgstreams.read(good.id, timeout=10)] == [f"g{i}" for i in range(20)]
+
+
+def unreadable() -> Stream:
+    """A compacted stream whose run's index is cut short: every read of it fails."""
+    stream = write([f"c{i}" for i in range(50)])
+    assert maintenance.compact(maintenance.parse_cutoff(FAR)).streams == 1
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE pgstreams_chunk SET run = substring(run FROM 1 FOR 3) WHERE stream_id = %s", [stream.id])
+    return stream
+
+
+async def test_sse_responses_whose_reading_fails_end_instead_of_raising_out_of_their_body() -> None:
+    """Once a response has begun, an exception out of its body has no answer left to make, and
+    daphne's handling of one stops the check that closes every later failed WebSocket of the
+    process (found by the soak: sockets accepted, then silent for ever). The SSE view ends its
+    response (EventSource resumes from Last-Event-ID); an AI SDK answer ends with an error part."""
+    stream = await sync_to_async(unreadable)()
+    sse = await AsyncClient().get(f"/pgstreams/streams/{stream.id}/events")
+    assert sse.status_code == 200
+    assert b"".join([part async for part in sse.streaming_content]) == b"retry: 1000\n\n"
+    answer = b"".join([part async for part in aisdk.response(stream.id).streaming_content])
+    assert answer.endswith(b'"errorText":"The answer could not be read on; reload to resume it."}\n\ndata: [DONE]\n\n')

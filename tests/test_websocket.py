@@ -20,6 +20,8 @@ from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AnonymousUser
+from django.db import connection
+from django.test import override_settings
 
 import pgstreams
 from demo_project.servers import server_command
@@ -552,6 +554,27 @@ async def test_a_client_that_reads_nothing_is_refused_and_given_up_not_held_for_
             assert await released(host) == {"pumps": 0, "clients": 0, "readers": 0}
         finally:
             client.close()
+
+
+def authorize_on_a_lost_connection(user: Any, stream: Any) -> bool:
+    """An AUTHORIZE rule whose query finds its connection gone (its backend terminated), as any
+    lookup does while the server restarts or PgBouncer refuses logins."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+    return True
+
+
+async def test_a_socket_whose_lookup_fails_on_the_database_is_closed_by_the_consumer_with_a_reason() -> None:
+    """The authorization lookup fails after the accept: the consumer sends an error frame and
+    closes with 1011 itself, rather than raising and leaving the close to the server, which daphne
+    stops making once a streaming response of the process has failed (the soak's silent sockets)."""
+    s = await pgstreams.acreate_stream()
+    with override_settings(PGSTREAMS={"AUTHORIZE": f"{__name__}.authorize_on_a_lost_connection"}):
+        ws = await connect(s.id, "from=0")
+        frames, code = await receive_all(ws)
+    assert code == 1011
+    assert [(f["type"], f["code"]) for f in frames] == [("error", 1011)]
+    assert frames[0]["message"] == "could not look the stream up; reconnect with ?from=0"
 
 
 async def test_an_exception_inside_the_consumer_cancels_its_pump_and_counts_its_client_out(monkeypatch) -> None:

@@ -443,7 +443,10 @@ async def _long_poll(read: store.Read, cursor_given: str | None) -> HttpResponse
 
 
 def _sse(read: store.Read, cursor_given: str | None) -> StreamingHttpResponse:
-    response = StreamingHttpResponse(_events(read, wire.cursor(cursor_given)), content_type="text/event-stream")
+    body = delivery.ending_on_error(
+        _events(read, wire.cursor(cursor_given)), f"the Durable Streams SSE response of stream {read.state.id}"
+    )
+    response = StreamingHttpResponse(body, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx: do not buffer the stream
     if read.state.binary:
