@@ -369,11 +369,13 @@ async def ending_on_error(
         try:
             async for part in body:
                 yield part
-        except (DatabaseError, StreamError) as exc:
-            logger.warning("pgstreams: ending %s: %s", what, exc)
-            error: Exception = exc
         except Exception as exc:
-            logger.exception("pgstreams: ending %s after an error", what)
+            if (task := asyncio.current_task()) is not None and task.cancelling():
+                raise  # raised by the body's cleanup as it was cancelled: the cancel goes on
+            if isinstance(exc, DatabaseError | StreamError):
+                logger.warning("pgstreams: ending %s: %s", what, exc)
+            else:
+                logger.exception("pgstreams: ending %s after an error", what)
             error = exc
         else:
             return

@@ -26,13 +26,15 @@ UNTRUSTED_CONTENT_HEADERS: Final = {
 
 _OFFSET = re.compile(r"[0-9]{1,18}\Z")  # a non-negative integer that fits a bigint
 
-# WebSocket close codes
+# WebSocket close codes: an application's own (4000-4999), as HTTP statuses; daphne lets an
+# application close with no other code but 1000 (1011, which was SERVER_ERROR, raised instead,
+# and the socket stayed open after the error frame).
 BAD_REQUEST: Final = 4400
 FORBIDDEN: Final = 4403
 NOT_FOUND: Final = 4404
 TOO_SLOW: Final = 4408
 PRUNED: Final = 4410
-SERVER_ERROR: Final = 1011
+SERVER_ERROR: Final = 4500
 
 # SSE: how long EventSource waits before it reconnects, and the comment that keeps a quiet
 # connection open through proxies.

@@ -237,6 +237,13 @@ def replica(django_db_blocker) -> Iterator[tuple[Any, str, str]]:
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``browser`` the tests that drive Chromium (those with a ``page``)."""
+    for item in items:
+        if "page" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.browser)
+
+
 @pytest.fixture
 def page() -> Iterator[Any]:
     """A page of Debian's Chromium, headless, driven by Playwright (no browser is downloaded). Its

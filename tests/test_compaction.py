@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import itertools
+import json
 import random
 import uuid
 from typing import Any
 
 import pytest
+import websockets
 from asgiref.sync import sync_to_async
 from django.db import connection
 from django.test import AsyncClient, override_settings
@@ -343,3 +345,19 @@ async def test_sse_responses_whose_reading_fails_end_instead_of_raising_out_of_t
     assert b"".join([part async for part in sse.streaming_content]) == b"retry: 1000\n\n"
     answer = b"".join([part async for part in aisdk.response(stream.id).streaming_content])
     assert answer.endswith(b'"errorText":"The answer could not be read on; reload to resume it."}\n\ndata: [DONE]\n\n')
+
+
+async def test_a_websocket_whose_stream_cannot_be_read_gets_an_error_frame_and_a_close_under_every_server(
+    any_server: str,
+) -> None:
+    """Reading fails (a corrupt run): the consumer says so and closes with 4500. Its close was
+    1011, which daphne lets no application send: it raised, and the socket stayed open after
+    the error frame, silent, for a client that waits for the close."""
+    stream = await sync_to_async(unreadable)()
+    url = f"ws://{any_server}/ws/pgstreams/{stream.id}/?from=0"
+    async with websockets.connect(url, origin=f"http://{any_server}", open_timeout=10) as ws:
+        frame = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        with pytest.raises(websockets.ConnectionClosed):
+            await asyncio.wait_for(ws.recv(), 10)  # bounded: the close, or a TimeoutError
+    assert (frame["type"], frame["code"]) == ("error", 4500)
+    assert ws.close_code == 4500

@@ -566,14 +566,14 @@ def authorize_on_a_lost_connection(user: Any, stream: Any) -> bool:
 
 async def test_a_socket_whose_lookup_fails_on_the_database_is_closed_by_the_consumer_with_a_reason() -> None:
     """The authorization lookup fails after the accept: the consumer sends an error frame and
-    closes with 1011 itself, rather than raising and leaving the close to the server, which daphne
+    closes with 4500 itself, rather than raising and leaving the close to the server, which daphne
     stops making once a streaming response of the process has failed (the soak's silent sockets)."""
     s = await pgstreams.acreate_stream()
     with override_settings(PGSTREAMS={"AUTHORIZE": f"{__name__}.authorize_on_a_lost_connection"}):
         ws = await connect(s.id, "from=0")
         frames, code = await receive_all(ws)
-    assert code == 1011
-    assert [(f["type"], f["code"]) for f in frames] == [("error", 1011)]
+    assert code == 4500
+    assert [(f["type"], f["code"]) for f in frames] == [("error", 4500)]
     assert frames[0]["message"] == "could not look the stream up; reconnect with ?from=0"
 
 

@@ -1,9 +1,10 @@
 """Shared encodings: a batch is encoded once for every subscriber that sends it, its delivery is
 counted once (with each chunk's age), and what is kept stays bounded and out of the garbage
-collector's way."""
+collector's way. A response's body ends on an error, but not on a cancel."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import gc
 import uuid
@@ -106,3 +107,26 @@ def test_the_delivery_histogram_reads_as_prometheus_clients_histogram_fed_the_sa
     exposed, expected = (generate_latest(registry).decode().splitlines() for registry in registries)
     assert exposed == [line for line in expected if "_created" not in line]
     assert 'pgstreams_delivery_seconds_bucket{le="0.005"} 3.0' in exposed
+
+
+async def test_a_body_ends_on_an_error_after_its_last_words_but_a_cancel_is_never_swallowed() -> None:
+    async def failing():
+        yield b"a"
+        raise RuntimeError("reading failed")
+
+    async def slow_with_a_failing_cleanup():
+        try:
+            yield b"a"
+            await asyncio.sleep(10)
+        finally:
+            raise RuntimeError("its cleanup failed")
+
+    async def read(body) -> list[bytes]:
+        return [part async for part in delivery.ending_on_error(body, "a test", lambda error: f"{error}".encode())]
+
+    assert await read(failing()) == [b"a", b"reading failed"]
+    reading = asyncio.create_task(read(slow_with_a_failing_cleanup()))
+    await asyncio.sleep(0.05)
+    reading.cancel()
+    with pytest.raises(RuntimeError, match="its cleanup failed"):  # as without the wrapper; not [b"a", b"..."]
+        await reading
