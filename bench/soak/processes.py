@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -172,9 +173,13 @@ def _lost_database(slot: Slot) -> bool:
 
 def raised(stderr: str) -> str:
     """The line naming the exception a Python process's last traceback in ``stderr`` ends with
-    ("" if there is none); the message's further lines, which libpq's errors have, follow it."""
+    ("" if there is none); the message's further lines, which libpq's errors have, follow it, and
+    what the process's other threads logged meanwhile may come before it."""
     _, traceback, last = stderr.rpartition("Traceback (most recent call last):")
-    return next((line for line in last.splitlines() if line and not line[0].isspace()), "") if traceback else ""
+    return next((line for line in last.splitlines() if _EXCEPTION.match(line)), "") if traceback else ""
+
+
+_EXCEPTION = re.compile(r"(?:[a-z_]\w*\.)*[A-Z]\w*(?::|\Z)")  # "psycopg.OperationalError: ...", "KeyError"
 
 
 def _environment(entry: dict[str, Any]) -> dict[str, str]:
