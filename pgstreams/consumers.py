@@ -184,8 +184,9 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
 
     def abandon(self) -> None:
         """End the consumer without its client (which reads nothing), holding nothing of it.
-        daphne then drops the connection; uvicorn and granian close it once the client has taken
-        the frames they queued (ASGI cannot reset one), so it stays while the client stays.
+        daphne then drops the connection once its client leaves a ping unanswered (``--ping-timeout``,
+        30 s); uvicorn and granian close it once the client has taken the frames they queued (ASGI
+        cannot reset one), so it stays while the client stays.
         Raises StopConsumer in the consumer's main task; cancels it from another."""
         self.abandoned = True
         self.stop()
