@@ -261,7 +261,7 @@ def compact(
 ) -> Compacted:
     """Fold the chunks of the streams closed before ``cutoff`` into runs (``runs.py``), the oldest
     streams first, at most ``batch`` chunks per transaction (a run holds no more: a batch under
-    RUN_CHUNKS makes shorter runs, for good, since a stream is compacted once); a stream closed within the last
+    RUN_CHUNKS makes shorter runs, and a stream is compacted once); a stream closed within the last
     ``grace`` seconds (by default ``2 x (CONNECT_TIMEOUT + QUERY_TIMEOUT)``: a writer whose
     commit went unanswered judges it meanwhile) waits for the next pass. Every read answers the
     same before and after, and during: each slice is one transaction, so a reader's snapshot

@@ -26,9 +26,9 @@ UNTRUSTED_CONTENT_HEADERS: Final = {
 
 _OFFSET = re.compile(r"[0-9]{1,18}\Z")  # a non-negative integer that fits a bigint
 
-# WebSocket close codes: an application's own (4000-4999), as HTTP statuses; daphne lets an
-# application close with no other code but 1000 (1011, which was SERVER_ERROR, raised instead,
-# and the socket stayed open after the error frame).
+# WebSocket close codes: an application's own (4000-4999), numbered as HTTP statuses. daphne lets
+# an application close with 1000 or 3000-4999 only: 1011, SERVER_ERROR once, raised instead, and
+# the socket stayed open after the error frame.
 BAD_REQUEST: Final = 4400
 FORBIDDEN: Final = 4403
 NOT_FOUND: Final = 4404

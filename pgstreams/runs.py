@@ -97,6 +97,8 @@ def _index(run: bytes) -> tuple[array[int], array[int]]:
             at = end
             if sys.byteorder == "big":
                 items.byteswap()
+    except BadRun:
+        raise
     except (struct.error, ValueError) as exc:
         raise BadRun(f"a run's index is unreadable: {exc}") from None
     if len(lengths) != count or len(before) != count or at != len(run):
