@@ -97,8 +97,11 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
             return await self.refuse(NOT_FOUND, f"no stream {self.stream_id}")
         except PermissionDenied:
             return await self.refuse(FORBIDDEN, f"not allowed to read stream {self.stream_id}")
-        except DatabaseError as exc:  # closed here: after an accept, the server's own close may never come
-            logger.warning("pgstreams: cannot look stream %s up for a WebSocket: %s", self.stream_id, exc)
+        except Exception as exc:  # the database lost, the project's AUTHORIZE failing: closed here, as servers differ
+            if isinstance(exc, DatabaseError):
+                logger.warning("pgstreams: cannot look stream %s up for a WebSocket: %s", self.stream_id, exc)
+            else:
+                logger.exception("pgstreams: looking stream %s up for a WebSocket failed", self.stream_id)
             return await self.refuse(
                 SERVER_ERROR, f"could not look the stream up; reconnect with ?from={self.position}"
             )

@@ -564,12 +564,19 @@ def authorize_on_a_lost_connection(user: Any, stream: Any) -> bool:
     return True
 
 
-async def test_a_socket_whose_lookup_fails_on_the_database_is_closed_by_the_consumer_with_a_reason() -> None:
-    """The authorization lookup fails after the accept: the consumer sends an error frame and
-    closes with 4500 itself, rather than raising and leaving the close to the server, which daphne
-    stops making once a streaming response of the process has failed (the soak's silent sockets)."""
+def authorize_with_a_defect(user: Any, stream: Any) -> bool:
+    raise RuntimeError("a defect in the project's rule")
+
+
+@pytest.mark.parametrize("rule", ["authorize_on_a_lost_connection", "authorize_with_a_defect"])
+async def test_a_socket_whose_lookup_fails_is_closed_by_the_consumer_with_a_reason(rule: str) -> None:
+    """The authorization lookup fails after the accept (the database lost, or the project's rule
+    raising): the consumer sends an error frame and closes with 4500 itself, rather than raising
+    and leaving the close to the server: daphne's was 1011 and stopped coming once a streaming
+    response of the process had failed (the soak's silent sockets), uvicorn sent no close frame,
+    granian 1005, and none said why."""
     s = await pgstreams.acreate_stream()
-    with override_settings(PGSTREAMS={"AUTHORIZE": f"{__name__}.authorize_on_a_lost_connection"}):
+    with override_settings(PGSTREAMS={"AUTHORIZE": f"{__name__}.{rule}"}):
         ws = await connect(s.id, "from=0")
         frames, code = await receive_all(ws)
     assert code == 4500
