@@ -349,6 +349,16 @@ notify_shards: Setting[int] = Setting(
     "streams its readers follow, so it receives and parses their notifications, not the cluster's (see "
     "[a fleet](../howto/operations.md#a-fleet-of-processes)). Every process of a fleet must use the same value",
 )
+day_partitions: Setting[bool] = Setting(
+    "DAY_PARTITIONS",
+    False,
+    Rule(lambda v: isinstance(v, bool), "True or False"),
+    "pgstreams.E028",
+    "whether streams are made with time-ordered ids (UUIDv7: the time of creation in milliseconds, then 74 random "
+    "bits), so that once `manage.py pgstreams_partition` has partitioned the chunks by day, each UTC day's streams "
+    "hold their chunks in one partition, which pruning drops whole (see [retention by day](../howto/operations.md"
+    "#retention-by-day)). Such an id tells when its stream was made",
+)
 
 
 def listen_database() -> str:

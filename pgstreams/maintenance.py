@@ -7,9 +7,10 @@ Pruning never touches an open stream, and each batch is one transaction, as shor
 project's delete receivers let it be (they run in it, with no idle bound): a stream's
 ``next_offset`` is its number of chunks, so batches are sized without counting rows, and a stream
 larger than a batch has its chunks deleted in offset slices before its row goes, each once Django
-would delete it. Streams go as Django deletes them (``durable.store.delete_streams``): a stream
-that forks were made of is kept as a tombstone that holds its path, as a Durable Streams DELETE
-keeps it, until its last fork goes.
+would delete it; with the chunks partitioned by day (``partitions``), a day whose every stream
+may go has its partition dropped first, in a moment. Streams go as Django deletes them
+(``durable.store.delete_streams``): a stream that forks were made of is kept as a tombstone that
+holds its path, as a Durable Streams DELETE keeps it, until its last fork goes.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any, Final
 from django.db import connections, transaction
 from django.utils import timezone
 
-from . import conf, db, metrics, runs
+from . import conf, db, metrics, partitions, runs
 
 _AGE = re.compile(r"(\d+)\s*([smhdw])\Z")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
@@ -112,11 +113,14 @@ def prune(
     touched. A stream forks were made of leaves a tombstone, as a Durable Streams DELETE does, and
     tombstones whose forks are all gone go at the end, if Django would delete them. The
     project's objects that point at a stream go with it, or keep it, as their ``on_delete`` says.
-    Returns what was deleted.
+    With the chunks partitioned by day (``partitions``), each day whose every stream may go goes
+    first: its partition is dropped, then its streams' rows are deleted 1,000 at a time; the
+    other streams go as before. Returns what was deleted.
 
     Raises:
         ProtectedError, RestrictedError: objects of the project keep a stream (on_delete
             PROTECT, RESTRICT): it is left whole, and what was pruned before stays pruned.
+        OperationalError: a day's partition could not be locked within ``partitions.LOCK_TIMEOUT``.
     """
     from .durable.store import delete_streams, remove_orphan_tombstones  # not at import: models load later
 
@@ -124,6 +128,23 @@ def prune(
         raise ValueError("batch must be at least 1")
     alias = using or conf.database()
     done = Pruned()
+
+    def delete(group: list[Any]) -> None:
+        # No idle bound: Django's delete runs the project's signal receivers, which take the time
+        # they take, as in any delete of the project's.
+        with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+            cursor.execute(_LOCK_SQL, [group, cutoff])
+            locked = dict(cursor.fetchall())  # id: chunks
+            delete_streams(alias, list(locked))
+        done.streams += len(locked)
+        done.chunks += sum(locked.values())
+        if progress:
+            progress(done)
+
+    if partitions.is_partitioned(alias):  # whole days first: their chunks go by a DROP, their rows after
+        for day in partitions.droppable(cutoff, alias):
+            for group in partitions.batched(partitions.drop(day, cutoff, alias) or [], 1000):
+                delete(group)
     while True:
         with connections[alias].cursor() as cursor:
             cursor.execute(CANDIDATES_SQL, [cutoff, max(1, min(batch, 1000))])
@@ -138,16 +159,7 @@ def prune(
             size += count
         if size > batch:  # one stream larger than a batch: its chunks go in slices first
             _delete_chunks_in_slices(alias, group[0], cutoff, size, batch)
-        # No idle bound: Django's delete runs the project's signal receivers, which take the time
-        # they take, as in any delete of the project's.
-        with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-            cursor.execute(_LOCK_SQL, [group, cutoff])
-            locked = dict(cursor.fetchall())  # id: chunks
-            delete_streams(alias, list(locked))
-        done.streams += len(locked)
-        done.chunks += sum(locked.values())
-        if progress:
-            progress(done)
+        delete(group)
     # Tombstones whose last fork this prune took (or an earlier one) go too.
     remove_orphan_tombstones(alias)
     return done
@@ -356,7 +368,11 @@ def stats(using: str | None = None) -> dict[str, Any]:
         open_streams, closed_streams, chunks = cursor.fetchone()
         sizes = {}
         for table in ("pgstreams_stream", "pgstreams_chunk"):
-            cursor.execute("SELECT pg_table_size(%s::regclass), pg_indexes_size(%s::regclass)", [table, table])
+            cursor.execute(  # a partitioned table's own size is none: its partitions' are summed
+                "SELECT sum(pg_table_size(relid))::bigint, sum(pg_indexes_size(relid))::bigint"
+                " FROM (SELECT %s::regclass AS relid UNION SELECT relid FROM pg_partition_tree(%s::regclass)) AS t",
+                [table, table],
+            )
             table_bytes, index_bytes = cursor.fetchone()
             sizes[table] = {"table_bytes": table_bytes, "index_bytes": index_bytes}
         cursor.execute("SELECT pg_notification_queue_usage()")

@@ -15,12 +15,13 @@ Django never loads chunks to delete them.
 from __future__ import annotations
 
 import re
-import uuid
 from typing import Final
 
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+
+from .partitions import new_stream_id
 
 # The longest path a stream may have, in characters.
 MAX_PATH: Final = 512
@@ -60,7 +61,7 @@ def is_text(content_type: str) -> bool:
 
 
 class Stream(models.Model):
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    id = models.UUIDField(primary_key=True, default=new_stream_id, editable=False)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     closed_at = models.DateTimeField(null=True, blank=True)
     next_offset = models.BigIntegerField(default=0, editable=False, help_text="How many chunks have been written.")

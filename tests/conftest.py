@@ -22,8 +22,23 @@ from django.db import connection, connections
 from django.db.backends.base.creation import TEST_DATABASE_PREFIX
 
 from demo_project.servers import SERVERS, server_command
-from pgstreams import appender, generations, listener, notify, threads
+from pgstreams import appender, generations, listener, notify, partitions, threads
 from tests.helpers import ROOT, end_answers_in_flight, free_port, in_thread, subprocess_database_url
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _partitioned(django_db_setup: None, django_db_blocker: Any) -> None:
+    """With ``PGSTREAMS_TEST_PARTITIONED=1``, the whole suite runs on chunks partitioned by day,
+    new streams with time-ordered ids (``partitions``; as ``DAY_PARTITIONS`` makes them, whatever
+    a test's settings)."""
+    if os.environ.get("PGSTREAMS_TEST_PARTITIONED") == "1":
+        from pgstreams.models import Stream
+
+        with django_db_blocker.unblock():
+            partitions.convert(7)
+        field = Stream._meta.get_field("id")
+        field.default = partitions.uuid7
+        field.__dict__.pop("_get_default", None)  # Django caches the default's callable
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -20,7 +20,7 @@ import pytest
 from django.apps import apps
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connection, models, transaction
+from django.db import connections, models, transaction
 from django.db.models import ProtectedError
 from django.db.models.signals import post_delete
 from django.utils import timezone
@@ -381,9 +381,9 @@ def test_prune_deletes_what_points_at_a_stream_as_django_does() -> None:
 
 
 @contextlib.contextmanager
-def kept_by_the_project() -> Iterator[type[models.Model]]:
-    """A project's model that keeps a stream, made for the block: ``Pin(stream=FK(Stream,
-    on_delete=PROTECT))``. Neither the test settings nor the demo have one."""
+def kept_by_the_project(using: str = "default") -> Iterator[type[models.Model]]:
+    """A project's model that keeps a stream, made for the block in the database ``using``:
+    ``Pin(stream=FK(Stream, on_delete=PROTECT))``. Neither the test settings nor the demo have one."""
 
     class Pin(models.Model):
         stream = models.ForeignKey(Stream, on_delete=models.PROTECT, related_name="+")
@@ -391,12 +391,12 @@ def kept_by_the_project() -> Iterator[type[models.Model]]:
         class Meta:
             app_label = "chat"
 
-    with connection.schema_editor() as editor:
+    with connections[using].schema_editor() as editor:
         editor.create_model(Pin)
     try:
         yield Pin
     finally:
-        with connection.schema_editor() as editor:
+        with connections[using].schema_editor() as editor:
             editor.delete_model(Pin)
         apps.all_models["chat"].pop("pin", None)
         apps.clear_cache()

@@ -53,6 +53,7 @@ def test_defaults_pass() -> None:
         ({"NOTIFY_QUEUE_GUARD": 1}, "pgstreams.E025"),
         ({"NOTIFY_SHARDS": 0}, "pgstreams.E026"),
         ({"CHANNEL": "c" * 60, "NOTIFY_SHARDS": 1024}, "pgstreams.E027"),  # c...c_1023: 65 bytes
+        ({"DAY_PARTITIONS": "yes"}, "pgstreams.E028"),
         ({"NOTIFY_MDOE": "off"}, "pgstreams.W001"),
     ],
 )

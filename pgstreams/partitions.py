@@ -1,0 +1,224 @@
+"""Chunks partitioned by the day their stream was made, so that expiring a day drops a table: no
+chunk is deleted row by row, no dead tuple is left, and the time does not grow with the day's rows.
+
+``pgstreams_chunk`` becomes a table partitioned by range of ``stream_id``. With ``DAY_PARTITIONS``
+on, a stream's id is a version 7 UUID (RFC 9562), which begins with its creation time in
+milliseconds, so the streams made on one UTC day have ids in one range and their chunks fall in
+one partition. The primary key ``(stream_id, offset)`` holds the partition key as it is: no query
+changes, and a read keyed by stream reads one partition.
+
+``convert()`` turns an existing table into the parent of partitions without copying it: the table
+becomes the default partition, whole, where the streams made before (random, version 4 ids) stay
+until they are pruned row by row as before. ``ensure()`` makes the days ahead. ``droppable()``
+and ``drop()`` are how ``maintenance.prune`` expires a day whose every stream it may delete.
+
+Not here: which streams may go and deleting their rows (``maintenance.prune`` decides, and
+deletes them as Django would); when to make days (``pgstreams_partition``, scheduled by the
+project).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Any, Final
+
+from django.db import connections, transaction
+
+from . import conf
+
+TABLE: Final = "pgstreams_chunk"
+DEFAULT: Final = "pgstreams_chunk_default"
+# The default partition's check that it holds no row of the days last made: with it, making a
+# day's partition needs no scan of the default partition under the parent's lock.
+_OUTSIDE: Final = "pgstreams_chunk_default_outside"
+_DAY: Final = datetime.timedelta(days=1)
+# How long DDL here waits for the locks it needs before it gives up (and says so): a partition is
+# made or dropped under a lock that, once queued, holds up every read and write of the chunks.
+LOCK_TIMEOUT: Final = "5s"
+# Migration 0004's estimate of a stream's chunks (a twentieth of the rows), which each partition
+# needs for itself: a partition analyzed while few streams held it would otherwise be scanned whole.
+_N_DISTINCT: Final = -0.05
+
+
+def uuid7(ms: int | None = None) -> uuid.UUID:
+    """A version 7 UUID (RFC 9562): 48 bits of Unix time in milliseconds (now, or ``ms``), then
+    74 random bits."""
+    ms = time.time_ns() // 1_000_000 if ms is None else ms
+    value = (ms & ((1 << 48) - 1)) << 80 | int.from_bytes(os.urandom(10), "big")
+    value = (value & ~(0xF << 76)) | 0x7 << 76  # version 7
+    value = (value & ~(0x3 << 62)) | 0x2 << 62  # variant 10
+    return uuid.UUID(int=value)
+
+
+def new_stream_id() -> uuid.UUID:
+    """A new stream's id (``Stream.id``'s default): time-ordered with ``DAY_PARTITIONS``, else
+    random (version 4)."""
+    return uuid7() if conf.day_partitions() else uuid.uuid4()
+
+
+def bound(day: datetime.date) -> uuid.UUID:
+    """The smallest version 7 id of a stream made at the start of ``day`` (UTC)."""
+    start = datetime.datetime(day.year, day.month, day.day, tzinfo=datetime.UTC)
+    return uuid.UUID(int=int(start.timestamp() * 1000) << 80)
+
+
+def name(day: datetime.date) -> str:
+    """The partition of ``day``."""
+    return f"{TABLE}_{day:%Y%m%d}"
+
+
+def is_partitioned(using: str | None = None) -> bool:
+    with connections[using or conf.database()].cursor() as cursor:
+        cursor.execute("SELECT relkind = 'p' FROM pg_class WHERE oid = %s::regclass", [TABLE])
+        return bool(cursor.fetchone()[0])
+
+
+def _at(day: datetime.date) -> str:
+    """``bound(day)`` as a literal (an id computed here: hex digits and dashes), since DDL takes
+    no parameters."""
+    return f"'{bound(day)}'::uuid"
+
+
+def convert(ahead: int = 7, *, using: str | None = None, today: datetime.date | None = None) -> list[str]:
+    """Make ``pgstreams_chunk`` partitioned by day, with the days from today to ``ahead`` days
+    from now; return the partitions made. The table as it was becomes the default partition,
+    whole: no row is copied. Its few rows whose (random) stream ids fall in a day made are moved
+    into that day, and the one check that it holds no others scans it once, all under the lock
+    the rename takes. Nothing is done to a table already partitioned but ``ensure``.
+
+    Raises:
+        OperationalError: the table's lock was not had within ``LOCK_TIMEOUT``; nothing changed.
+    """
+    alias = using or conf.database()
+    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+        cursor.execute(f"LOCK TABLE {TABLE} IN ACCESS EXCLUSIVE MODE")
+        if not is_partitioned(alias):
+            cursor.execute(f"ALTER TABLE {TABLE} RENAME TO {DEFAULT}")
+            cursor.execute(f"ALTER INDEX {TABLE}_pkey RENAME TO {DEFAULT}_pkey")
+            cursor.execute(
+                f"CREATE TABLE {TABLE} (LIKE {DEFAULT} INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING STORAGE"
+                " INCLUDING COMPRESSION) PARTITION BY RANGE (stream_id)"
+            )
+            cursor.execute(f'ALTER TABLE {TABLE} ADD CONSTRAINT {TABLE}_pkey PRIMARY KEY (stream_id, "offset")')
+            cursor.execute(f"ALTER TABLE {TABLE} ALTER COLUMN stream_id SET (n_distinct = {_N_DISTINCT})")
+            cursor.execute(f"ALTER TABLE {TABLE} ATTACH PARTITION {DEFAULT} DEFAULT")
+        return ensure(ahead, using=alias, today=today)
+
+
+def ensure(ahead: int = 7, *, using: str | None = None, today: datetime.date | None = None) -> list[str]:
+    """Make the partitions missing from today to ``ahead`` days from today (UTC), in one
+    transaction; return their names. The default partition's rows whose ids fall in the days made
+    (a random id can) move into them; checking that it holds no others scans it once, under the
+    parent's lock: a moment when it is empty, as in a table partitioned from its start.
+
+    Raises:
+        ValueError: the table is not partitioned (``convert`` it).
+        OperationalError: the table's lock was not had within ``LOCK_TIMEOUT``; nothing changed.
+    """
+    if ahead < 0:
+        raise ValueError("ahead must be 0 or more days")
+    alias = using or conf.database()
+    if not is_partitioned(alias):
+        raise ValueError(f"{TABLE} is not partitioned: run manage.py pgstreams_partition once to convert it")
+    today = today or datetime.datetime.now(datetime.UTC).date()
+    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+        made = {day for day, _ in days(alias)}
+        missing = [today + n * _DAY for n in range(ahead + 1) if today + n * _DAY not in made]
+        if not missing:
+            return []
+        low, high = missing[0], missing[-1] + _DAY
+        cursor.execute(f"LOCK TABLE {TABLE} IN ACCESS EXCLUSIVE MODE")
+        cursor.execute(
+            f"CREATE TEMPORARY TABLE pgstreams_moving ON COMMIT DROP AS WITH moved AS (DELETE FROM {DEFAULT}"
+            f" WHERE stream_id >= %s AND stream_id < %s RETURNING *) SELECT * FROM moved",
+            [bound(low), bound(high)],
+        )
+        cursor.execute(f"ALTER TABLE {DEFAULT} DROP CONSTRAINT IF EXISTS {_OUTSIDE}")
+        cursor.execute(
+            f"ALTER TABLE {DEFAULT} ADD CONSTRAINT {_OUTSIDE}"
+            f" CHECK (stream_id < {_at(low)} OR stream_id >= {_at(high)})"
+        )
+        for day in missing:
+            cursor.execute(
+                f"CREATE TABLE {name(day)} PARTITION OF {TABLE} FOR VALUES FROM ({_at(day)}) TO ({_at(day + _DAY)})"
+            )
+            cursor.execute(f"ALTER TABLE {name(day)} ALTER COLUMN stream_id SET (n_distinct = {_N_DISTINCT})")
+        cursor.execute(f"INSERT INTO {TABLE} SELECT * FROM pgstreams_moving")
+        return [name(day) for day in missing]
+
+
+def days(using: str | None = None) -> list[tuple[datetime.date, str]]:
+    """The day partitions, oldest first."""
+    with connections[using or conf.database()].cursor() as cursor:
+        cursor.execute(
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+            " WHERE i.inhparent = %s::regclass AND c.relname <> %s ORDER BY c.relname",
+            [TABLE, DEFAULT],
+        )
+        return [(datetime.datetime.strptime(row[0][-8:], "%Y%m%d").date(), row[0]) for row in cursor.fetchall()]
+
+
+# Streams of a day (by id) that keep it: not deleted, and open or closed since the cutoff.
+_KEEPS_SQL = (
+    "SELECT EXISTS (SELECT FROM pgstreams_stream WHERE id >= %s AND id < %s AND deleted_at IS NULL"
+    " AND (closed_at IS NULL OR closed_at >= %s))"
+)
+
+
+def droppable(cutoff: datetime.datetime, using: str | None = None) -> list[datetime.date]:
+    """The day partitions that ended before ``cutoff`` and whose every stream was closed before
+    it (or is a tombstone, which holds no chunk)."""
+    alias = using or conf.database()
+    found = []
+    for day, _ in days(alias):
+        if datetime.datetime(day.year, day.month, day.day, tzinfo=datetime.UTC) + _DAY > cutoff:
+            break
+        with connections[alias].cursor() as cursor:
+            cursor.execute(_KEEPS_SQL, [bound(day), bound(day + _DAY), cutoff])
+            if not cursor.fetchone()[0]:
+                found.append(day)
+    return found
+
+
+def drop(day: datetime.date, cutoff: datetime.datetime, using: str | None = None) -> list[uuid.UUID] | None:
+    """Drop ``day``'s partition if, under a lock that keeps any chunk from being added to it, no
+    stream of the day keeps it (``droppable``); return the day's streams, whose rows stay for the
+    caller to delete (Django was asked first whether it would), or None if the day was kept.
+
+    Raises:
+        ProtectedError, RestrictedError: objects of the project keep a stream of the day; nothing
+            was dropped.
+        OperationalError: the locks were not had within ``LOCK_TIMEOUT``; nothing was dropped.
+    """
+    from .durable.store import check_deletable  # not at import: models load later
+
+    alias = using or conf.database()
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            "SELECT id FROM pgstreams_stream WHERE id >= %s AND id < %s AND deleted_at IS NULL ORDER BY id",
+            [bound(day), bound(day + _DAY)],
+        )
+        ids = [row[0] for row in cursor.fetchall()]
+    for group in batched(ids, 1000):
+        check_deletable(alias, group)
+    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+        # SHARE: writes into this day wait (there should be none); reads, and the other days, go on.
+        cursor.execute(f"LOCK TABLE {name(day)} IN SHARE MODE")
+        cursor.execute(_KEEPS_SQL, [bound(day), bound(day + _DAY), cutoff])
+        if cursor.fetchone()[0]:
+            return None
+        cursor.execute(f"DROP TABLE {name(day)}")  # the parent's lock for a moment
+    return ids
+
+
+def batched(items: list[Any], size: int) -> Iterable[list[Any]]:
+    """``items`` in lists of ``size`` (itertools.batched from Python 3.12)."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]

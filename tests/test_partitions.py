@@ -1,0 +1,254 @@
+"""Chunks partitioned by their stream's day (``partitions``, ``pgstreams_partition``), on a
+database of their own on the suite's server: converting a table keeps every read as it was, a
+day expires by a DROP that leaves no dead tuple, a day a stream still needs is kept whole, a
+random id that falls in a new day moves into it. (The whole suite also runs on a partitioned
+table with ``PGSTREAMS_TEST_PARTITIONED=1``: conftest.py.)"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection, connections
+from django.db.models import ProtectedError
+from django.test import override_settings
+
+from bench.scratch import installed
+from pgstreams import maintenance, partitions
+from pgstreams.durable import store
+from pgstreams.fetch import FETCH_SQL
+from pgstreams.models import Stream
+from tests.test_operations import kept_by_the_project
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", ALIAS := "partitioned"])
+
+DAY = datetime.date(2026, 9, 1)
+CUTOFF = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=30)
+
+
+@pytest.fixture(scope="module")
+def parts(django_db_setup: None, django_db_blocker: Any) -> Iterator[str]:
+    """A migrated database of its own, connected in this thread (a test case lets a test use an
+    alias it did not set up only through a connection already open), its chunks partitioned."""
+    with django_db_blocker.unblock():
+        name = f"{connection.settings_dict['NAME']}_partitions"
+        with connection.cursor() as cursor:
+            cursor.execute(f'DROP DATABASE IF EXISTS "{name}"')
+            cursor.execute(f'CREATE DATABASE "{name}"')
+        try:
+            with installed({ALIAS: {**connection.settings_dict, "NAME": name}}, migrate=ALIAS):
+                connections[ALIAS].ensure_connection()
+                yield ALIAS
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def sql(query: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+    with connections[ALIAS].cursor() as cursor:
+        cursor.execute(query, params or [])
+        return cursor.fetchall() if cursor.description else []
+
+
+def streams(ids: list[uuid.UUID], chunks: int, closed_days_ago: int | None) -> None:
+    """Streams ``ids`` of ``chunks`` chunks each, open or closed that many days ago."""
+    closed = "NULL" if closed_days_ago is None else f"now() - interval '{int(closed_days_ago)} days'"
+    sql(
+        "INSERT INTO pgstreams_stream (id, label, content_type, next_offset, closed_at, created_at, metadata)"
+        f" SELECT unnest(%s::uuid[]), '', 'text/plain', %s, {closed}, now(), '{{}}'::jsonb",
+        [ids, chunks],
+    )
+    sql(
+        'INSERT INTO pgstreams_chunk (stream_id, "offset", data, created_at)'
+        " SELECT s, o, 'c' || o, now() FROM unnest(%s::uuid[]) s, generate_series(0, %s - 1) o",
+        [ids, chunks],
+    )
+
+
+def on(day: datetime.date, n: int) -> list[uuid.UUID]:
+    """``n`` ids of streams made on ``day``."""
+    start = partitions.bound(day).int >> 80
+    return [partitions.uuid7(start + 60_000 + i) for i in range(n)]
+
+
+def where(ids: list[uuid.UUID]) -> dict[uuid.UUID, str]:
+    """The partition each stream's chunks are in."""
+    return dict(
+        sql(
+            "SELECT stream_id, min(tableoid::regclass::text) FROM pgstreams_chunk WHERE stream_id = ANY(%s) GROUP BY 1",
+            [ids],
+        )
+    )
+
+
+def reads(ids: list[uuid.UUID]) -> tuple[Any, ...]:
+    """What the listener's fetch and the Durable Streams read answer for ``ids``, from 0 and 3."""
+    keys = [(s, start) for s in ids for start in (0, 3)]
+    rows = (
+        connections[ALIAS]
+        .connection.execute(FETCH_SQL, ([k[0] for k in keys], [k[1] for k in keys], 100, 1 << 20))
+        .fetchall()
+    )
+    return sorted(rows, key=repr), [store._chunks(ALIAS, s, 0, 1000) for s in ids]
+
+
+def dead_chunk_tuples() -> int:
+    """Dead tuples in the chunk tables, once this connection's counts are flushed."""
+    sql("SELECT pg_stat_force_next_flush()")
+    sql("SELECT 1")
+    sql("SELECT pg_stat_clear_snapshot()")
+    return sql("SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables WHERE relname LIKE 'pgstreams_chunk%%'")[
+        0
+    ][0]
+
+
+def test_converting_keeps_every_read_as_it_was_and_new_days_hold_their_streams(parts: str) -> None:
+    old = [uuid.uuid4() for _ in range(5)]
+    streams(old, 20, None)
+    before = reads(old)
+    made = partitions.convert(1, using=parts, today=DAY)
+    assert partitions.is_partitioned(parts)
+    assert made == [partitions.name(DAY), partitions.name(DAY + datetime.timedelta(days=1))]
+    assert reads(old) == before
+    new = on(DAY, 3)
+    streams(new, 10, None)
+    assert set(where(old).values()) == {partitions.DEFAULT}
+    assert set(where(new).values()) == {partitions.name(DAY)}
+    assert partitions.convert(1, using=parts, today=DAY) == []  # once only
+
+
+def test_a_day_whose_streams_all_closed_before_the_cutoff_goes_by_a_drop_leaving_no_dead_tuple(parts: str) -> None:
+    day = DAY + datetime.timedelta(days=10)
+    partitions.convert(0, using=parts, today=day)
+    gone = on(day, 20)
+    streams(gone, 100, 90)
+    assert dead_chunk_tuples() == 0
+    done = maintenance.prune(CUTOFF, using=parts)
+    assert (done.streams, done.chunks) == (20, 2000)
+    assert partitions.name(day) not in [table for _, table in partitions.days(parts)]
+    assert sql("SELECT count(*) FROM pgstreams_stream WHERE id = ANY(%s)", [gone]) == [(0,)]
+    assert dead_chunk_tuples() == 0
+    # The same streams pruned row by row, in the default partition: the measure sees them.
+    row_by_row = [uuid.uuid4() for _ in range(20)]
+    streams(row_by_row, 100, 90)
+    assert maintenance.prune(CUTOFF, using=parts).chunks == 2000
+    assert dead_chunk_tuples() >= 2000
+    sql("VACUUM pgstreams_chunk")
+
+
+def test_a_day_with_a_stream_still_open_is_kept_and_its_closed_streams_are_pruned_as_before(parts: str) -> None:
+    day = DAY + datetime.timedelta(days=20)
+    partitions.convert(0, using=parts, today=day)
+    closed, still_open = on(day, 5), on(day + datetime.timedelta(hours=12), 1)
+    streams(closed, 10, 90)
+    streams(still_open, 10, None)
+    assert maintenance.prune(CUTOFF, using=parts).streams == 5
+    assert partitions.name(day) in [table for _, table in partitions.days(parts)]
+    assert sql("SELECT count(*) FROM pgstreams_chunk WHERE stream_id = ANY(%s)", [closed + still_open]) == [(10,)]
+
+
+def test_a_day_a_project_object_keeps_a_stream_of_is_kept_whole(parts: str) -> None:
+    day = DAY + datetime.timedelta(days=30)
+    partitions.convert(0, using=parts, today=day)
+    ids = on(day, 4)
+    streams(ids, 10, 90)
+    with kept_by_the_project(ALIAS) as pin:
+        pin.objects.using(ALIAS).create(stream_id=ids[2])
+        with pytest.raises(ProtectedError):
+            maintenance.prune(CUTOFF, using=parts)
+        assert partitions.name(day) in [table for _, table in partitions.days(parts)]
+        assert sql("SELECT count(*) FROM pgstreams_chunk WHERE stream_id = ANY(%s)", [ids]) == [(40,)]
+        pin.objects.using(ALIAS).all().delete()
+    assert maintenance.prune(CUTOFF, using=parts).streams == 4
+    assert partitions.name(day) not in [table for _, table in partitions.days(parts)]
+
+
+def test_a_random_id_that_falls_in_a_new_days_range_moves_into_it(parts: str) -> None:
+    day = DAY + datetime.timedelta(days=40)
+    partitions.convert(0, using=parts, today=day - datetime.timedelta(days=1))
+    stray = uuid.UUID(int=partitions.bound(day).int | 0x4000_8000_0000_0000_1234)  # a version 4 id there
+    streams([stray], 7, None)
+    assert where([stray]) == {stray: partitions.DEFAULT}
+    before = reads([stray])
+    assert partitions.ensure(0, using=parts, today=day) == [partitions.name(day)]
+    assert where([stray]) == {stray: partitions.name(day)}
+    assert reads([stray]) == before
+    assert partitions.ensure(0, using=parts, today=day) == []
+
+
+def test_with_day_partitions_on_a_stream_is_made_in_todays_partition(parts: str) -> None:
+    partitions.convert(0, using=parts)
+    with override_settings(PGSTREAMS={"DAY_PARTITIONS": True}):
+        stream = Stream.objects.using(parts).create()
+    assert stream.id.version == 7
+    assert uuid.UUID(Stream.objects.using(parts).create().id.hex).version == 4  # off: random, as before
+    sql(
+        'INSERT INTO pgstreams_chunk (stream_id, "offset", data, created_at) VALUES (%s, 0, %s, now())',
+        [stream.id, "x"],
+    )
+    today = datetime.datetime.now(datetime.UTC).date()
+    assert where([stream.id]) == {stream.id: partitions.name(today)}
+    assert maintenance.stats(parts)["sizes"]["pgstreams_chunk"]["table_bytes"] > 0
+
+
+def test_the_command_converts_once_makes_the_days_ahead_and_says_when_ids_are_random(parts: str, capsys: Any) -> None:
+    with override_settings(PGSTREAMS={"DATABASE": ALIAS}):
+        call_command("pgstreams_partition", "--ahead", "3")
+        out, err = capsys.readouterr()
+        today = datetime.datetime.now(datetime.UTC).date()
+        assert partitions.name(today + datetime.timedelta(days=3)) in [t for _, t in partitions.days(parts)]
+        assert "DAY_PARTITIONS" in err
+        with override_settings(PGSTREAMS={"DATABASE": ALIAS, "DAY_PARTITIONS": True}):
+            call_command("pgstreams_partition", "--ahead", "3")
+        out, err = capsys.readouterr()
+        assert out.startswith("no day to make; the days held run from ") and err == ""
+        with pytest.raises(CommandError, match="from 0 to 366"):
+            call_command("pgstreams_partition", "--ahead", "-1")
+
+
+def test_the_command_gives_up_on_a_lock_it_cannot_have_and_changes_nothing(parts: str, monkeypatch: Any) -> None:
+    partitions.convert(0, using=parts)
+    monkeypatch.setattr(partitions, "LOCK_TIMEOUT", "200ms")
+    held, release = threading.Event(), threading.Event()
+
+    def reader() -> None:  # a long transaction that read the chunks
+        with connections[ALIAS].cursor() as cursor:
+            cursor.execute("BEGIN")
+            cursor.execute("SELECT count(*) FROM pgstreams_chunk")
+            held.set()
+            release.wait(10)
+            cursor.execute("ROLLBACK")
+        connections[ALIAS].close()
+
+    thread = threading.Thread(target=reader, name="test-long-reader")
+    thread.start()
+    try:
+        assert held.wait(10)
+        before = partitions.days(parts)
+        with (
+            override_settings(PGSTREAMS={"DATABASE": ALIAS}),
+            pytest.raises(CommandError, match="could not be locked within 200ms"),
+        ):
+            call_command("pgstreams_partition", "--ahead", "30")
+        assert partitions.days(parts) == before
+    finally:
+        release.set()
+        thread.join(10)
+
+
+def test_ensure_on_a_table_not_partitioned_says_to_convert_it() -> None:
+    with pytest.raises(ValueError, match="run manage.py pgstreams_partition once"):
+        partitions.ensure(1)
+
+
+def test_a_version_7_id_holds_its_time_and_sorts_by_it() -> None:
+    made = [partitions.uuid7(1_800_000_000_000 + n) for n in range(50)]
+    assert [u.version for u in made] == [7] * 50 and {u.variant for u in made} == {uuid.RFC_4122}
+    assert made == sorted(made) and made[0].int >> 80 == 1_800_000_000_000
+    last = partitions.uuid7((partitions.bound(DAY + datetime.timedelta(days=1)).int >> 80) - 1)
+    assert partitions.bound(DAY) < last < partitions.bound(DAY + datetime.timedelta(days=1))
