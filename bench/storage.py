@@ -6,7 +6,11 @@ advancing a chunk at a time, on a scratch server of the run's own (``bench.scrat
 writes there, so its WAL is theirs). Then, beside the data's own bytes: the chunk table's bytes
 per chunk on disk (heap with its free space and visibility maps, TOAST, indexes) and the WAL
 written per chunk; then every stream, closed, is pruned as a day's worth would be
-(``maintenance.prune``): its time, its WAL and the dead tuples it leaves for vacuum.
+(``maintenance.prune``): its time, its WAL and the dead tuples it leaves for vacuum. The same
+again with the streams compacted first. Then the chunks partitioned by day (``partitions``): a
+table of as many chunks converted, and a day made beside them; then streams of a past day written
+whole and the day pruned by dropping its partition, at a quarter of the chunks and at all of them
+(the same number of streams), to show what its time follows.
 
 It measures and prints; it changes nothing in how chunks are stored.
 """
@@ -45,7 +49,8 @@ SELECT pg_relation_size(c.oid, 'main') + pg_relation_size(c.oid, 'fsm') + pg_rel
        (SELECT coalesce(sum(octet_length(data)), 0) + coalesce(sum(octet_length(blob)), 0) FROM pgstreams_chunk)
 FROM pg_class AS c WHERE c.oid = 'pgstreams_chunk'::regclass
 """
-_DEAD_SQL = "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'pgstreams_chunk'"
+# The chunk table's, or its partitions' (a partitioned table has no rows of its own).
+_DEAD_SQL = "SELECT sum(n_dead_tup) FROM pg_stat_user_tables WHERE relname LIKE 'pgstreams\\_chunk%'"
 
 
 @dataclass
@@ -110,14 +115,90 @@ def _measure(shape: str, config: StorageConfig, say: Callable[[str], None]) -> d
     compacted["compaction"] = _compact(shape, say)
     compacted["bytes_per_chunk"] = _sizes()
     compacted["prune"] = _prune(shape, say)
-    return {"shape": shape, "chunks": plain["chunks"], "plain": plain, "compacted": compacted}
+    _vacuum_full()
+    conversion = _conversion(shape, config, say)
+    by_day = [_by_day(shape, config, say, share) for share in (4, 1)]
+    return {
+        "shape": shape,
+        "chunks": plain["chunks"],
+        "plain": plain,
+        "compacted": compacted,
+        "conversion": conversion,
+        "by_day": by_day,
+    }
 
 
-def _write_and_size(shape: str, config: StorageConfig, say: Callable[[str], None]) -> dict[str, Any]:
-    """Streams of ``shape`` written whole and closed: what they cost on disk and in WAL."""
+def _conversion(shape: str, config: StorageConfig, say: Callable[[str], None]) -> dict[str, Any]:
+    """A table of ``config.chunks`` chunks of the shape's size (made by one INSERT: what the
+    conversion costs follows their rows and pages, not how they were written) partitioned by day
+    (``partitions.convert``): its time under the table's lock; then the time of making a day
+    while they are the default partition, and once they are gone."""
+    import datetime
+
+    from pgstreams import partitions
+
+    per_stream = config.chunks // config.streams
+    with connections[ALIAS].cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO pgstreams_stream (id, label, content_type, next_offset, closed_at, created_at, metadata)"
+            " SELECT gen_random_uuid(), 'storage', 'text/plain', %s, now(), now(), '{}'::jsonb"
+            " FROM generate_series(1, %s)",
+            [per_stream, config.streams],
+        )
+        cursor.execute(
+            'INSERT INTO pgstreams_chunk (stream_id, "offset", data, created_at)'
+            " SELECT s.id, o, repeat('x', %s), now() FROM pgstreams_stream AS s, generate_series(0, %s - 1) AS o",
+            [SHAPES[shape], per_stream],
+        )
+        cursor.execute("VACUUM ANALYZE pgstreams_chunk")
+    timed = {}
+    for what, step in (
+        ("convert", lambda: partitions.convert(0, using=ALIAS, today=datetime.date(2025, 12, 1))),
+        ("make_day", lambda: partitions.ensure(0, using=ALIAS, today=datetime.date(2025, 12, 2))),
+    ):
+        began = time.monotonic()
+        step()
+        timed[what] = round(time.monotonic() - began, 3)
+    with connections[ALIAS].cursor() as cursor:
+        cursor.execute("TRUNCATE pgstreams_stream")  # and the chunks, by the trigger
+    began = time.monotonic()
+    partitions.ensure(0, using=ALIAS, today=datetime.date(2025, 12, 3))
+    timed["make_day_empty"] = round(time.monotonic() - began, 3)
+    say(
+        f"storage: {shape}: {config.chunks:,} chunks converted in {timed['convert']} s; a day made in "
+        f"{timed['make_day']} s beside them, {timed['make_day_empty']} s without"
+    )
+    return {"chunks": config.chunks, "seconds": timed}
+
+
+def _by_day(shape: str, config: StorageConfig, say: Callable[[str], None], share: int) -> dict[str, Any]:
+    """``1/share`` of the chunks written to streams of a past day, in its partition of a table
+    partitioned by day, then pruned: the day dropped, its streams' rows deleted."""
+    import datetime
+
+    from pgstreams import partitions
+
+    day = datetime.date(2026, 1, share)  # a day of its own for each run, long over
+    partitions.ensure(0, using=ALIAS, today=day)
+    start = partitions.bound(day).int >> 80
+    ids = [partitions.uuid7(start + n) for n in range(config.streams)]
+    chunks = config.chunks // share
+    written = _write_and_size(shape, StorageConfig(chunks, config.streams), say, ids=ids, sized=False)
+    pruned = _prune(shape, say)
+    assert partitions.name(day) not in [table for _, table in partitions.days(ALIAS)], "the day was not dropped"
+    return {"chunks": chunks, "wal_bytes_per_chunk": written["wal_bytes_per_chunk"], "prune": pruned}
+
+
+def _write_and_size(
+    shape: str, config: StorageConfig, say: Callable[[str], None], ids: list[Any] | None = None, sized: bool = True
+) -> dict[str, Any]:
+    """Streams of ``shape`` (with ``ids``, or new ones) written whole and closed: what they cost
+    in WAL and, ``sized``, on disk."""
     from pgstreams.models import Stream
 
-    made = Stream.objects.using(ALIAS).bulk_create(Stream(label="storage") for _ in range(config.streams))
+    made = Stream.objects.using(ALIAS).bulk_create(
+        Stream(label="storage", **({"id": ids[n]} if ids else {})) for n in range(config.streams)
+    )
     streams = [str(stream.id) for stream in made]
     with connections[ALIAS].cursor() as cursor:
         cursor.execute("CHECKPOINT")  # every page written from here is the run's
@@ -126,8 +207,10 @@ def _write_and_size(shape: str, config: StorageConfig, say: Callable[[str], None
     asyncio.run(_write(streams, config.chunks // config.streams, shape))
     seconds = time.monotonic() - began
     written_wal = _wal(ALIAS) - wal
+    say(f"storage: {shape}: {config.chunks:,} chunks written in {seconds:.1f} s")
+    if not sized:
+        return {"wal_bytes_per_chunk": round(written_wal / config.chunks, 1), "write_seconds": round(seconds, 2)}
     sizes = _sizes()
-    say(f"storage: {shape}: {sizes['chunks']:,} chunks of {sizes['data']:.0f} bytes written in {seconds:.1f} s")
     return {
         "chunks": sizes.pop("chunks"),
         "bytes_per_chunk": sizes,
@@ -179,7 +262,7 @@ def _prune(shape: str, say: Callable[[str], None]) -> dict[str, Any]:
     pruned = maintenance.prune(timezone.now(), using=ALIAS)
     seconds = time.monotonic() - began
     prune_wal = _wal(ALIAS) - wal
-    dead = _dead_tuples() - dead
+    dead = _dead_tuples() - dead  # a dropped partition's count goes with it: it had none
     say(f"storage: {shape}: pruned {pruned.streams:,} streams in {seconds:.1f} s; {dead:,} dead tuples left")
     return {
         "streams": pruned.streams,
@@ -242,5 +325,17 @@ def table(report: dict[str, Any]) -> str:
                 f" {b['indexes']:>8g}  {b['total']:>5g} ({b['total'] / b['data']:.1f}x)  {r['wal_bytes_per_chunk']:>9g}"
                 f"  {c['seconds'] if c else '-':>9} {p['seconds']:>8} {p['wal_bytes'] / 2**20:>13.1f}"
                 f"  {p['dead_tuples']:>11,}"
+            )
+        if conversion := row.get("conversion"):
+            t = conversion["seconds"]
+            lines.append(
+                f"{row['shape']:<8} converted {conversion['chunks']:>9,}: {t['convert']} s under the table's lock;"
+                f" a day made {t['make_day']} s beside them, {t['make_day_empty']} s once they are gone"
+            )
+        for r in row.get("by_day", []):
+            p = r["prune"]
+            lines.append(
+                f"{row['shape']:<8} {'by day':<9} {r['chunks']:>9,} {'(as plain)':>40}  {r['wal_bytes_per_chunk']:>9g}"
+                f"  {'-':>9} {p['seconds']:>8} {p['wal_bytes'] / 2**20:>13.1f}  {p['dead_tuples']:>11,}"
             )
     return "\n".join(lines)

@@ -358,7 +358,8 @@ def _folds(rows: list[tuple[Any, ...]], *, whole: bool) -> list[list[tuple[Any, 
 
 
 def stats(using: str | None = None) -> dict[str, Any]:
-    """Streams open and closed, chunks, table and index sizes, the notification queue, settings."""
+    """Streams open and closed, chunks, table and index sizes, the days held when the chunks are
+    partitioned by day, the notification queue, settings."""
     alias = using or conf.database()
     with connections[alias].cursor() as cursor:
         cursor.execute(
@@ -377,12 +378,15 @@ def stats(using: str | None = None) -> dict[str, Any]:
             sizes[table] = {"table_bytes": table_bytes, "index_bytes": index_bytes}
         cursor.execute("SELECT pg_notification_queue_usage()")
         queue = cursor.fetchone()[0]
+    held = partitions.days(alias) if partitions.is_partitioned(alias) else None
     return {
         "database": alias,
         "streams_open": open_streams,
         "streams_closed": closed_streams,
         "chunks": int(chunks),
         "sizes": sizes,
+        # Chunks partitioned by day: the days held, from the first to the last.
+        "days": None if held is None else {"count": len(held), "first": held[0][0], "last": held[-1][0]},
         "notification_queue_usage": queue,
         "settings": {name: setting.raw() for name, setting in conf.SETTINGS.items()},
     }

@@ -84,8 +84,8 @@ def _at(day: datetime.date) -> str:
 
 
 def convert(ahead: int = 7, *, using: str | None = None, today: datetime.date | None = None) -> list[str]:
-    """Make ``pgstreams_chunk`` partitioned by day, with the days from today to ``ahead`` days
-    from now; return the partitions made. The table as it was becomes the default partition,
+    """Make ``pgstreams_chunk`` partitioned by day, with the days ahead that ``ensure`` makes;
+    return the partitions made. The table as it was becomes the default partition,
     whole: no row is copied. Its few rows whose (random) stream ids fall in a day made are moved
     into that day, and the one check that it holds no others scans it once, all under the lock
     the rename takes. Nothing is done to a table already partitioned but ``ensure``.
@@ -111,10 +111,11 @@ def convert(ahead: int = 7, *, using: str | None = None, today: datetime.date | 
 
 
 def ensure(ahead: int = 7, *, using: str | None = None, today: datetime.date | None = None) -> list[str]:
-    """Make the partitions missing from today to ``ahead`` days from today (UTC), in one
-    transaction; return their names. The default partition's rows whose ids fall in the days made
-    (a random id can) move into them; checking that it holds no others scans it once, under the
-    parent's lock: a moment when it is empty, as in a table partitioned from its start.
+    """If a day from today to ``ahead`` days on (UTC) has no partition, make every one missing up
+    to twice as far, in one transaction; return their names. Days are thus made ``ahead`` at a
+    time. The default partition's rows whose ids fall in the days made (a random id can) move into
+    them, and the check that it holds no others scans it once, under the table's lock: a moment
+    when it is empty, as it is in a table partitioned from its start.
 
     Raises:
         ValueError: the table is not partitioned (``convert`` it).
@@ -129,9 +130,9 @@ def ensure(ahead: int = 7, *, using: str | None = None, today: datetime.date | N
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
         cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
         made = {day for day, _ in days(alias)}
-        missing = [today + n * _DAY for n in range(ahead + 1) if today + n * _DAY not in made]
-        if not missing:
+        if all(today + n * _DAY in made for n in range(ahead + 1)):
             return []
+        missing = [today + n * _DAY for n in range(2 * ahead + 1) if today + n * _DAY not in made]
         low, high = missing[0], missing[-1] + _DAY
         cursor.execute(f"LOCK TABLE {TABLE} IN ACCESS EXCLUSIVE MODE")
         cursor.execute(

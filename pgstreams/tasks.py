@@ -1,5 +1,6 @@
 """pgstreams' background work as tasks of Django's Tasks API (``django.tasks``; on Django 5.2,
-the django-tasks backport), for a project to enqueue or schedule on its own backend: ``compact``.
+the django-tasks backport), for a project to enqueue or schedule on its own backend: ``compact``
+and ``partition``.
 
 Importing this module needs one of the two; the rest of pgstreams does not.
 """
@@ -13,7 +14,7 @@ try:
 except ImportError:  # Django 5.2: the django-tasks backport
     from django_tasks import task
 
-from . import maintenance
+from . import maintenance, partitions
 
 
 @task
@@ -23,3 +24,11 @@ def compact(closed_before: str = "1h", batch: int = 10_000) -> dict[str, Any]:
     a schedule of the project's (cron, a periodic task of its backend), as often as streams close."""
     done = maintenance.compact(maintenance.parse_cutoff(closed_before), batch=batch)
     return {"streams": done.streams, "chunks": done.chunks, "runs": done.runs}
+
+
+@task
+def partition(ahead: int = 7) -> list[str]:
+    """Make the day partitions of the chunks ahead (``partitions.ensure``), as ``manage.py
+    pgstreams_partition`` does once it has converted the table; the partitions made. Enqueue it
+    daily, so that each day's partition exists before its first stream."""
+    return partitions.ensure(ahead)

@@ -7,6 +7,7 @@ table with ``PGSTREAMS_TEST_PARTITIONED=1``: conftest.py.)"""
 from __future__ import annotations
 
 import datetime
+import re
 import threading
 import uuid
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ from django.db.models import ProtectedError
 from django.test import override_settings
 
 from bench.scratch import installed
-from pgstreams import maintenance, partitions
+from pgstreams import maintenance, partitions, tasks
 from pgstreams.durable import store
 from pgstreams.fetch import FETCH_SQL
 from pgstreams.models import Stream
@@ -113,7 +114,7 @@ def test_converting_keeps_every_read_as_it_was_and_new_days_hold_their_streams(p
     before = reads(old)
     made = partitions.convert(1, using=parts, today=DAY)
     assert partitions.is_partitioned(parts)
-    assert made == [partitions.name(DAY), partitions.name(DAY + datetime.timedelta(days=1))]
+    assert made == [partitions.name(DAY + datetime.timedelta(days=n)) for n in range(3)]  # twice as far
     assert reads(old) == before
     new = on(DAY, 3)
     streams(new, 10, None)
@@ -181,6 +182,15 @@ def test_a_random_id_that_falls_in_a_new_days_range_moves_into_it(parts: str) ->
     assert partitions.ensure(0, using=parts, today=day) == []
 
 
+def test_days_are_made_ahead_at_a_time(parts: str) -> None:
+    partitions.convert(0, using=parts)
+    start = DAY + datetime.timedelta(days=60)
+    names = [partitions.name(start + datetime.timedelta(days=n)) for n in range(8)]
+    assert partitions.ensure(2, using=parts, today=start) == names[:5]
+    assert partitions.ensure(2, using=parts, today=start + datetime.timedelta(days=2)) == []
+    assert partitions.ensure(2, using=parts, today=start + datetime.timedelta(days=3)) == names[5:]
+
+
 def test_with_day_partitions_on_a_stream_is_made_in_todays_partition(parts: str) -> None:
     partitions.convert(0, using=parts)
     with override_settings(PGSTREAMS={"DAY_PARTITIONS": True}):
@@ -193,21 +203,27 @@ def test_with_day_partitions_on_a_stream_is_made_in_todays_partition(parts: str)
     )
     today = datetime.datetime.now(datetime.UTC).date()
     assert where([stream.id]) == {stream.id: partitions.name(today)}
-    assert maintenance.stats(parts)["sizes"]["pgstreams_chunk"]["table_bytes"] > 0
+    figures = maintenance.stats(parts)
+    assert figures["sizes"]["pgstreams_chunk"]["table_bytes"] > 0  # its partitions', summed
+    assert figures["days"]["first"] <= today <= figures["days"]["last"]
 
 
-def test_the_command_converts_once_makes_the_days_ahead_and_says_when_ids_are_random(parts: str, capsys: Any) -> None:
+def test_the_command_and_the_task_make_the_days_ahead_and_say_when_ids_are_random(parts: str, capsys: Any) -> None:
     with override_settings(PGSTREAMS={"DATABASE": ALIAS}):
         call_command("pgstreams_partition", "--ahead", "3")
         out, err = capsys.readouterr()
         today = datetime.datetime.now(datetime.UTC).date()
         assert partitions.name(today + datetime.timedelta(days=3)) in [t for _, t in partitions.days(parts)]
         assert "DAY_PARTITIONS" in err
+        call_command("pgstreams_stats")
+        assert re.search(rf"\ndays partitioned +{len(partitions.days(parts))}, from ", capsys.readouterr().out)
         with override_settings(PGSTREAMS={"DATABASE": ALIAS, "DAY_PARTITIONS": True}):
             call_command("pgstreams_partition", "--ahead", "3")
         out, err = capsys.readouterr()
         assert out.startswith("no day to make; the days held run from ") and err == ""
-        with pytest.raises(CommandError, match="from 0 to 366"):
+        made = tasks.partition.call(ahead=10)  # the task, for a project's schedule
+        assert made == [partitions.name(today + datetime.timedelta(days=n)) for n in range(7, 21)]
+        with pytest.raises(CommandError, match="from 0 to 90"):
             call_command("pgstreams_partition", "--ahead", "-1")
 
 
@@ -239,6 +255,21 @@ def test_the_command_gives_up_on_a_lock_it_cannot_have_and_changes_nothing(parts
     finally:
         release.set()
         thread.join(10)
+
+
+def test_pgstreams_migrations_of_the_chunk_table_run_on_the_partitioned_table(parts: str) -> None:
+    """Back before 0007, which adds the chunks' ``run`` column, and forward again: the column is
+    dropped from and added to every partition, and the reads answer as before."""
+    partitions.convert(0, using=parts)
+    ids = [uuid.uuid4(), *on(datetime.datetime.now(datetime.UTC).date(), 2)]
+    streams(ids, 5, None)
+    before = reads(ids)
+    call_command("migrate", "pgstreams", "0006", database=ALIAS, verbosity=0)
+    assert sql(
+        "SELECT count(*) FROM pg_attribute WHERE attname = 'run' AND attrelid::regclass::text LIKE 'pgstreams_chunk%%'"
+    ) == [(0,)]
+    call_command("migrate", "pgstreams", database=ALIAS, verbosity=0)
+    assert partitions.is_partitioned(parts) and reads(ids) == before
 
 
 def test_ensure_on_a_table_not_partitioned_says_to_convert_it() -> None:

@@ -1,7 +1,8 @@
 """``manage.py pgstreams_partition [--ahead 7]``: partition the chunks by day (the first time:
 the table as it is becomes the default partition, in a moment plus one scan of it), and make
-the partitions of today and the days ahead; to run daily, so that a day's partition exists
-before its first stream. ``pgstreams_prune`` then drops whole days (``partitions``)."""
+the partitions of the days ahead, ``ahead`` at a time (``partitions.ensure``); to run daily, so
+that a day's partition exists before its first stream. ``pgstreams_prune`` then drops whole
+days. An ``--ahead`` out of range, or a lock not had in time, ends it with a CommandError."""
 
 from __future__ import annotations
 
@@ -17,11 +18,17 @@ class Command(BaseCommand):
     help = "Partition the chunks by day, so that pruning drops whole days, and make the days ahead."
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--ahead", type=int, default=7, help="days to make past today (default 7; at most 366)")
+        parser.add_argument(
+            "--ahead",
+            type=int,
+            default=7,
+            help="once a day from today to this many days on lacks its partition, make every day missing to twice as "
+            "far (default 7, at most 90)",
+        )
 
     def handle(self, *args: Any, ahead: int, **options: Any) -> None:
-        if not isinstance(ahead, int) or not 0 <= ahead <= 366:  # Python 3.11 reads "--ahead=--" as []
-            raise CommandError("--ahead needs a whole number of days from 0 to 366")
+        if not isinstance(ahead, int) or not 0 <= ahead <= 90:  # Python 3.11 reads "--ahead=--" as []
+            raise CommandError("--ahead needs a whole number of days from 0 to 90")
         converting = not partitions.is_partitioned()
         try:
             made = partitions.convert(ahead) if converting else partitions.ensure(ahead)

@@ -1,4 +1,5 @@
-"""``manage.py pgstreams_stats [--json]``: streams, chunks, sizes, the notification queue, settings."""
+"""``manage.py pgstreams_stats [--json]``: streams, chunks, sizes, the days held (chunks partitioned
+by day), the notification queue, settings."""
 
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ class Command(BaseCommand):
         ]
         for table, size in figures["sizes"].items():
             rows.append((table, f"{_size(size['table_bytes'])} table, {_size(size['index_bytes'])} indexes"))
+        if days := figures["days"]:
+            rows.append(("days partitioned", f"{days['count']}, from {days['first']} to {days['last']}"))
         rows.append(("notification queue", f"{figures['notification_queue_usage'] * 100:.4f}% used"))
         rows += [(name, repr(value)) for name, value in figures["settings"].items()]
         width = max(len(name) for name, _ in rows) + 2  # the longest name, then two spaces
