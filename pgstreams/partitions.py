@@ -77,6 +77,11 @@ def is_partitioned(using: str | None = None) -> bool:
         return bool(cursor.fetchone()[0])
 
 
+def busy(exc: BaseException) -> bool:
+    """Whether ``exc`` (an OperationalError) is a lock not had within ``LOCK_TIMEOUT``."""
+    return getattr(exc.__cause__, "sqlstate", None) == "55P03"  # lock_not_available
+
+
 def _at(day: datetime.date) -> str:
     """``bound(day)`` as a literal (an id computed here: hex digits and dashes), since DDL takes
     no parameters."""
@@ -209,6 +214,9 @@ def drop(day: datetime.date, cutoff: datetime.datetime, using: str | None = None
     for group in batched(ids, 1000):
         check_deletable(alias, group)
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        cursor.execute("SELECT to_regclass(%s)", [name(day)])
+        if cursor.fetchone()[0] is None:
+            return None  # dropped meanwhile, by another prune
         cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
         # SHARE: writes into this day wait (there should be none); reads, and the other days, go on.
         cursor.execute(f"LOCK TABLE {name(day)} IN SHARE MODE")

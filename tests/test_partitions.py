@@ -132,6 +132,7 @@ def test_a_day_whose_streams_all_closed_before_the_cutoff_goes_by_a_drop_leaving
     done = maintenance.prune(CUTOFF, using=parts)
     assert (done.streams, done.chunks) == (20, 2000)
     assert partitions.name(day) not in [table for _, table in partitions.days(parts)]
+    assert partitions.drop(day, CUTOFF, parts) is None  # as another prune finds it, dropped meanwhile
     assert sql("SELECT count(*) FROM pgstreams_stream WHERE id = ANY(%s)", [gone]) == [(0,)]
     assert dead_chunk_tuples() == 0
     # The same streams pruned row by row, in the default partition: the measure sees them.
@@ -227,8 +228,11 @@ def test_the_command_and_the_task_make_the_days_ahead_and_say_when_ids_are_rando
             call_command("pgstreams_partition", "--ahead", "-1")
 
 
-def test_the_command_gives_up_on_a_lock_it_cannot_have_and_changes_nothing(parts: str, monkeypatch: Any) -> None:
-    partitions.convert(0, using=parts)
+def test_the_commands_give_up_on_a_lock_they_cannot_have_and_change_nothing(parts: str, monkeypatch: Any) -> None:
+    day = DAY + datetime.timedelta(days=50)
+    partitions.convert(0, using=parts, today=day)
+    ids = on(day, 3)
+    streams(ids, 10, 90)
     monkeypatch.setattr(partitions, "LOCK_TIMEOUT", "200ms")
     held, release = threading.Event(), threading.Event()
 
@@ -246,15 +250,17 @@ def test_the_command_gives_up_on_a_lock_it_cannot_have_and_changes_nothing(parts
     try:
         assert held.wait(10)
         before = partitions.days(parts)
-        with (
-            override_settings(PGSTREAMS={"DATABASE": ALIAS}),
-            pytest.raises(CommandError, match="could not be locked within 200ms"),
-        ):
-            call_command("pgstreams_partition", "--ahead", "30")
+        with override_settings(PGSTREAMS={"DATABASE": ALIAS}):
+            with pytest.raises(CommandError, match="could not be locked within 200ms"):
+                call_command("pgstreams_partition", "--ahead", "30")
+            with pytest.raises(CommandError, match="a day's partition could not be locked within 200ms"):
+                call_command("pgstreams_prune", "--closed-before", "30d")
         assert partitions.days(parts) == before
+        assert sql("SELECT count(*) FROM pgstreams_chunk WHERE stream_id = ANY(%s)", [ids]) == [(30,)]
     finally:
         release.set()
         thread.join(10)
+    assert maintenance.prune(CUTOFF, using=parts).streams == 3
 
 
 def test_pgstreams_migrations_of_the_chunk_table_run_on_the_partitioned_table(parts: str) -> None:

@@ -33,7 +33,7 @@ class Command(BaseCommand):
         try:
             made = partitions.convert(ahead) if converting else partitions.ensure(ahead)
         except OperationalError as exc:
-            if getattr(exc.__cause__, "sqlstate", None) != "55P03":  # lock_not_available
+            if not partitions.busy(exc):
                 raise
             raise CommandError(
                 f"{partitions.TABLE} could not be locked within {partitions.LOCK_TIMEOUT} (a long transaction "

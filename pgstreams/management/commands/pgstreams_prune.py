@@ -10,9 +10,10 @@ import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import OperationalError
 from django.db.models import ProtectedError, RestrictedError
 
-from pgstreams import maintenance
+from pgstreams import maintenance, partitions
 
 
 def _cutoff(value: str) -> datetime.datetime:
@@ -69,6 +70,13 @@ class Command(BaseCommand):
             raise CommandError(
                 f"stopped: {exc.args[0]} (a stream closed before the cutoff is kept by objects of the project that "
                 "point at it); delete them, or give a later cutoff"
+            ) from None
+        except OperationalError as exc:
+            if not partitions.busy(exc):
+                raise
+            raise CommandError(
+                f"stopped: a day's partition could not be locked within {partitions.LOCK_TIMEOUT} (a long transaction "
+                "on the chunks holds it); what went before stays pruned: run it again"
             ) from None
         if show:
             self.stdout.write("")
