@@ -104,7 +104,9 @@ KINDS = [
             "(100 bytes), a stream_writer per stream, on a scratch server: the chunk table's bytes per "
             "chunk (heap, TOAST, indexes) and the WAL per chunk, beside the data's own bytes, as written "
             "and once compacted (pgstreams_compact, then the table rewritten); then every stream pruned: "
-            "its time, WAL and the dead tuples it leaves."
+            "its time, WAL and the dead tuples it leaves. Then the chunks partitioned by day (pgstreams_partition): "
+            "a table of a million chunks converted, and a day made beside them; then 1,000 streams of a past "
+            "day written and the day pruned, by dropping its partition, at an eighth of the chunks and at all of them."
         ),
     ),
     Kind(

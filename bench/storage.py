@@ -9,7 +9,7 @@ written per chunk; then every stream, closed, is pruned as a day's worth would b
 (``maintenance.prune``): its time, its WAL and the dead tuples it leaves for vacuum. The same
 again with the streams compacted first. Then the chunks partitioned by day (``partitions``): a
 table of as many chunks converted, and a day made beside them; then streams of a past day written
-whole and the day pruned by dropping its partition, at a quarter of the chunks and at all of them
+whole and the day pruned by dropping its partition, at an eighth of the chunks and at all of them
 (the same number of streams), to show what its time follows.
 
 It measures and prints; it changes nothing in how chunks are stored.
@@ -117,7 +117,7 @@ def _measure(shape: str, config: StorageConfig, say: Callable[[str], None]) -> d
     compacted["prune"] = _prune(shape, say)
     _vacuum_full()
     conversion = _conversion(shape, config, say)
-    by_day = [_by_day(shape, config, say, share) for share in (4, 1)]
+    by_day = [_by_day(shape, config, say, share) for share in (8, 1)]
     return {
         "shape": shape,
         "chunks": plain["chunks"],

@@ -23,7 +23,7 @@ from django.db.backends.base.creation import TEST_DATABASE_PREFIX
 
 from demo_project.servers import SERVERS, server_command
 from pgstreams import appender, generations, listener, notify, partitions, threads
-from tests.helpers import ROOT, end_answers_in_flight, free_port, in_thread, subprocess_database_url
+from tests.helpers import PARTITIONED, ROOT, end_answers_in_flight, free_port, in_thread, subprocess_database_url
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -31,7 +31,7 @@ def _partitioned(django_db_setup: None, django_db_blocker: Any) -> None:
     """With ``PGSTREAMS_TEST_PARTITIONED=1``, the whole suite runs on chunks partitioned by day,
     new streams with time-ordered ids (``partitions``; as ``DAY_PARTITIONS`` makes them, whatever
     a test's settings)."""
-    if os.environ.get("PGSTREAMS_TEST_PARTITIONED") == "1":
+    if PARTITIONED:
         from pgstreams.models import Stream
 
         with django_db_blocker.unblock():

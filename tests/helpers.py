@@ -35,6 +35,8 @@ from pgstreams import conf, notify
 from pgstreams.types import Mark
 
 ROOT = Path(__file__).resolve().parent.parent
+# The suite runs on chunks partitioned by day, new streams with time-ordered ids (conftest.py).
+PARTITIONED = os.environ.get("PGSTREAMS_TEST_PARTITIONED") == "1"
 NODE = ROOT / "node"
 # One package of each group node/package.json pins, to tell whether they are installed.
 NODE_PACKAGES = ("@durable-streams/server-conformance-tests", "@ai-sdk/react")
