@@ -160,7 +160,7 @@ def _conversion(shape: str, config: StorageConfig, say: Callable[[str], None]) -
         step()
         timed[what] = round(time.monotonic() - began, 3)
     with connections[ALIAS].cursor() as cursor:
-        cursor.execute("TRUNCATE pgstreams_stream")  # and the chunks, by the trigger
+        cursor.execute("TRUNCATE pgstreams_stream CASCADE")  # and the chunks, by the trigger
     began = time.monotonic()
     partitions.ensure(0, using=ALIAS, today=datetime.date(2025, 12, 3))
     timed["make_day_empty"] = round(time.monotonic() - began, 3)
