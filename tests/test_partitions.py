@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import re
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +20,7 @@ from django.db import connection, connections
 from django.db.models import ProtectedError
 from django.test import override_settings
 
+import pgstreams
 from bench.scratch import installed
 from pgstreams import maintenance, partitions, tasks
 from pgstreams.durable import store
@@ -142,6 +144,40 @@ def test_a_day_whose_streams_all_closed_before_the_cutoff_goes_by_a_drop_leaving
     assert maintenance.prune(CUTOFF, using=parts).chunks == 2000
     assert dead_chunk_tuples() >= 2000
     sql("VACUUM pgstreams_chunk")
+
+
+def test_a_day_dropped_while_a_writer_appends_to_todays_stream_loses_no_write(parts: str) -> None:
+    """The drop holds the chunks' lock for a moment: writes wait, then commit, each once."""
+    day = DAY + datetime.timedelta(days=5)
+    partitions.convert(0, using=parts, today=day)
+    gone = on(day, 50)
+    streams(gone, 200, 90)
+    with override_settings(PGSTREAMS={"DAY_PARTITIONS": True}):
+        partitions.ensure(0, using=parts)
+        live = Stream.objects.using(parts).create()
+    stop, offsets = threading.Event(), []
+
+    def writer() -> None:
+        while not stop.is_set() and len(offsets) < 5000:
+            offsets.append(pgstreams.write(live.id, f"w{len(offsets)}", using=ALIAS))
+        connections[ALIAS].close()
+
+    thread = threading.Thread(target=writer, name="test-writer")
+    thread.start()
+    try:
+        while len(offsets) < 20:
+            time.sleep(0.01)
+        assert maintenance.prune(CUTOFF, using=parts).streams == 50
+        written = len(offsets)
+        while len(offsets) < written + 20 and thread.is_alive():
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        thread.join(30)
+    assert partitions.name(day) not in [table for _, table in partitions.days(parts)]
+    assert offsets == list(range(len(offsets)))
+    held = sql('SELECT "offset", data FROM pgstreams_chunk WHERE stream_id = %s ORDER BY 1', [live.id])
+    assert held == [(n, f"w{n}") for n in range(len(offsets))]
 
 
 def test_a_day_with_a_stream_still_open_is_kept_and_its_closed_streams_are_pruned_as_before(parts: str) -> None:
