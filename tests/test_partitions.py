@@ -155,11 +155,13 @@ def test_a_day_dropped_while_a_writer_appends_to_todays_stream_loses_no_write(pa
     with override_settings(PGSTREAMS={"DAY_PARTITIONS": True}):
         partitions.ensure(0, using=parts)
         live = Stream.objects.using(parts).create()
-    stop, offsets = threading.Event(), []
+    stop, offsets, waits = threading.Event(), [], []
 
     def writer() -> None:
         while not stop.is_set() and len(offsets) < 5000:
+            began = time.monotonic()
             offsets.append(pgstreams.write(live.id, f"w{len(offsets)}", using=ALIAS))
+            waits.append(time.monotonic() - began)
         connections[ALIAS].close()
 
     thread = threading.Thread(target=writer, name="test-writer")
@@ -178,6 +180,10 @@ def test_a_day_dropped_while_a_writer_appends_to_todays_stream_loses_no_write(pa
     assert offsets == list(range(len(offsets)))
     held = sql('SELECT "offset", data FROM pgstreams_chunk WHERE stream_id = %s ORDER BY 1', [live.id])
     assert held == [(n, f"w{n}") for n in range(len(offsets))]
+    print(
+        f"{len(offsets)} writes, each committed once in order, across a drop of a day of 50 streams x 200 chunks;"
+        f" the longest write {max(waits) * 1000:.1f} ms (median {sorted(waits)[len(waits) // 2] * 1000:.1f} ms)"
+    )
 
 
 def test_a_day_with_a_stream_still_open_is_kept_and_its_closed_streams_are_pruned_as_before(parts: str) -> None:
