@@ -8,9 +8,10 @@ project's delete receivers let it be (they run in it, with no idle bound): a str
 ``next_offset`` is its number of chunks, so batches are sized without counting rows, and a stream
 larger than a batch has its chunks deleted in offset slices before its row goes, each once Django
 would delete it; with the chunks partitioned by day (``partitions``), a day whose every stream
-may go has its partition dropped first, in a moment. Streams go as Django deletes them
-(``durable.store.delete_streams``): a stream that forks were made of is kept as a tombstone that
-holds its path, as a Durable Streams DELETE keeps it, until its last fork goes.
+may go has its streams deleted but for their chunks, then its partition dropped, in a moment.
+Streams go as Django deletes them (``durable.store.delete_streams``): a stream that forks were
+made of is kept as a tombstone that holds its path, as a Durable Streams DELETE keeps it, until
+its last fork goes.
 """
 
 from __future__ import annotations
@@ -114,13 +115,14 @@ def prune(
     tombstones whose forks are all gone go at the end, if Django would delete them. The
     project's objects that point at a stream go with it, or keep it, as their ``on_delete`` says.
     With the chunks partitioned by day (``partitions``), each day whose every stream may go goes
-    first: its partition is dropped, then its streams' rows are deleted 1,000 at a time; the
-    other streams go as before. Returns what was deleted.
+    first: its streams 1,000 at a time, as above but for their chunks, then its partition with
+    them; the other streams go as before. Returns what was deleted.
 
     Raises:
         ProtectedError, RestrictedError: objects of the project keep a stream (on_delete
             PROTECT, RESTRICT): it is left whole, and what was pruned before stays pruned.
-        OperationalError: a day's partition could not be locked within ``partitions.LOCK_TIMEOUT``.
+        OperationalError: the chunk table's lock was not had to drop a day (``partitions.busy``):
+            its streams are gone, its chunks go with it at the next prune.
     """
     from .durable.store import delete_streams, remove_orphan_tombstones  # not at import: models load later
 
@@ -129,10 +131,12 @@ def prune(
     alias = using or conf.database()
     done = Pruned()
 
-    def delete(group: list[Any]) -> None:
+    def delete(group: list[Any], *, day_dropped: bool = False) -> None:
         # No idle bound: Django's delete runs the project's signal receivers, which take the time
         # they take, as in any delete of the project's.
         with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+            if day_dropped:  # the chunks stay for the day's DROP
+                cursor.execute(partitions.DAY_DROPPED_SQL)
             cursor.execute(_LOCK_SQL, [group, cutoff])
             locked = dict(cursor.fetchall())  # id: chunks
             delete_streams(alias, list(locked))
@@ -141,10 +145,17 @@ def prune(
         if progress:
             progress(done)
 
-    if partitions.is_partitioned(alias):  # whole days first: their chunks go by a DROP, their rows after
+    # Whole days first: their streams deleted as below but for their chunks, then the day dropped.
+    if partitions.is_partitioned(alias):
         for day in partitions.droppable(cutoff, alias):
-            for group in partitions.batched(partitions.drop(day, cutoff, alias) or [], 1000):
-                delete(group)
+            try:
+                for group in partitions.batched(partitions.streams_of(day, alias), 1000):
+                    delete(group, day_dropped=True)
+            except Exception:
+                partitions.remove_orphans(day, alias)  # the day is kept: what went goes as before
+                raise
+            if not partitions.drop(day, alias):
+                partitions.remove_orphans(day, alias)
     while True:
         with connections[alias].cursor() as cursor:
             cursor.execute(CANDIDATES_SQL, [cutoff, max(1, min(batch, 1000))])

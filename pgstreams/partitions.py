@@ -23,12 +23,14 @@ import datetime
 import os
 import time
 import uuid
-from collections.abc import Iterable
-from typing import Any, Final
+from collections.abc import Callable, Iterable
+from typing import Any, Final, TypeVar
 
-from django.db import connections, transaction
+from django.db import OperationalError, connections, transaction
 
 from . import conf
+
+T = TypeVar("T")
 
 TABLE: Final = "pgstreams_chunk"
 DEFAULT: Final = "pgstreams_chunk_default"
@@ -36,9 +38,11 @@ DEFAULT: Final = "pgstreams_chunk_default"
 # day's partition needs no scan of the default partition under the parent's lock.
 _OUTSIDE: Final = "pgstreams_chunk_default_outside"
 _DAY: Final = datetime.timedelta(days=1)
-# How long DDL here waits for the locks it needs before it gives up (and says so): a partition is
-# made or dropped under a lock that, once queued, holds up every read and write of the chunks.
-LOCK_TIMEOUT: Final = "5s"
+# How long a change of the partitions waits for the chunk table's lock at a time, how many times,
+# and how long apart (``locked``): readers and writers queued behind it wait at most that long.
+LOCK_TIMEOUT: Final = "500ms"
+LOCK_TRIES: Final = 10
+LOCK_PAUSE: Final = 1.0
 # Migration 0004's estimate of a stream's chunks (a twentieth of the rows), which each partition
 # needs for itself: a partition analyzed while few streams held it would otherwise be scanned whole.
 _N_DISTINCT: Final = -0.05
@@ -78,8 +82,38 @@ def is_partitioned(using: str | None = None) -> bool:
 
 
 def busy(exc: BaseException) -> bool:
-    """Whether ``exc`` (an OperationalError) is a lock not had within ``LOCK_TIMEOUT``."""
+    """Whether ``exc`` (an OperationalError) is the table's lock not had (``locked``)."""
     return getattr(exc.__cause__, "sqlstate", None) == "55P03"  # lock_not_available
+
+
+def busy_text() -> str:
+    """What ``busy`` means, for an error message."""
+    return (
+        f"{TABLE}'s lock was not had in {LOCK_TRIES} tries of {LOCK_TIMEOUT} (a long transaction on the chunks "
+        "holds it, or waits for it)"
+    )
+
+
+def locked(alias: str, work: Callable[[Any], T]) -> T:
+    """``work(cursor)`` in a transaction that holds the chunk table's exclusive lock (all its
+    partitions with it), as every change of its partitions here takes it: first, so that two
+    never deadlock. Once queued, the lock holds up every read and write of the chunks, so it is
+    waited for ``LOCK_TIMEOUT`` at a time, ``LOCK_TRIES`` times, a moment apart.
+
+    Raises:
+        OperationalError: the lock was not had (``busy``); nothing changed.
+    """
+    for attempt in range(LOCK_TRIES):
+        try:
+            with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+                cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+                cursor.execute(f"LOCK TABLE {TABLE} IN ACCESS EXCLUSIVE MODE")
+                return work(cursor)
+        except OperationalError as exc:
+            if not busy(exc) or attempt == LOCK_TRIES - 1:
+                raise
+        time.sleep(LOCK_PAUSE)
+    raise AssertionError("unreachable")
 
 
 def _at(day: datetime.date) -> str:
@@ -90,18 +124,17 @@ def _at(day: datetime.date) -> str:
 
 def convert(ahead: int = 7, *, using: str | None = None, today: datetime.date | None = None) -> list[str]:
     """Make ``pgstreams_chunk`` partitioned by day, with the days ahead that ``ensure`` makes;
-    return the partitions made. The table as it was becomes the default partition,
-    whole: no row is copied. Its few rows whose (random) stream ids fall in a day made are moved
-    into that day, and the one check that it holds no others scans it once, all under the lock
-    the rename takes. Nothing is done to a table already partitioned but ``ensure``.
+    return the partitions made. The table as it was becomes the default partition, whole: no row
+    is copied. Its few rows whose (random) stream ids fall in a day made are moved into that day,
+    and the one check that it holds no others scans it once, all under the table's lock (``locked``).
+    Nothing is done to a table already partitioned but ``ensure``.
 
     Raises:
-        OperationalError: the table's lock was not had within ``LOCK_TIMEOUT``; nothing changed.
+        OperationalError: the table's lock was not had (``busy``); nothing changed.
     """
     alias = using or conf.database()
-    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-        cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
-        cursor.execute(f"LOCK TABLE {TABLE} IN ACCESS EXCLUSIVE MODE")
+
+    def work(cursor: Any) -> list[str]:
         if not is_partitioned(alias):
             cursor.execute(f"ALTER TABLE {TABLE} RENAME TO {DEFAULT}")
             cursor.execute(f"ALTER INDEX {TABLE}_pkey RENAME TO {DEFAULT}_pkey")
@@ -112,51 +145,64 @@ def convert(ahead: int = 7, *, using: str | None = None, today: datetime.date | 
             cursor.execute(f'ALTER TABLE {TABLE} ADD CONSTRAINT {TABLE}_pkey PRIMARY KEY (stream_id, "offset")')
             cursor.execute(f"ALTER TABLE {TABLE} ALTER COLUMN stream_id SET (n_distinct = {_N_DISTINCT})")
             cursor.execute(f"ALTER TABLE {TABLE} ATTACH PARTITION {DEFAULT} DEFAULT")
-        return ensure(ahead, using=alias, today=today)
+        return _make(cursor, ahead, alias, today)
+
+    return locked(alias, work)
 
 
 def ensure(ahead: int = 7, *, using: str | None = None, today: datetime.date | None = None) -> list[str]:
     """If a day from today to ``ahead`` days on (UTC) has no partition, make every one missing up
-    to twice as far, in one transaction; return their names. Days are thus made ``ahead`` at a
-    time. The default partition's rows whose ids fall in the days made (a random id can) move into
-    them, and the check that it holds no others scans it once, under the table's lock: a moment
-    when it is empty, as it is in a table partitioned from its start.
+    to twice as far, in one transaction under the table's lock (``locked``); return their names.
+    Days are thus made about ``ahead`` at a time. The default partition's rows whose ids fall in
+    the days made (a random id can) move into them, and the check that it holds no others scans
+    it once: a moment when it is empty, as it is in a table partitioned from its start.
 
     Raises:
         ValueError: the table is not partitioned (``convert`` it).
-        OperationalError: the table's lock was not had within ``LOCK_TIMEOUT``; nothing changed.
+        OperationalError: the table's lock was not had (``busy``); nothing changed.
     """
     if ahead < 0:
         raise ValueError("ahead must be 0 or more days")
     alias = using or conf.database()
     if not is_partitioned(alias):
         raise ValueError(f"{TABLE} is not partitioned: run manage.py pgstreams_partition once to convert it")
+    if not _missing(ahead, alias, today):
+        return []  # no lock taken
+    return locked(alias, lambda cursor: _make(cursor, ahead, alias, today))
+
+
+def _missing(ahead: int, alias: str, today: datetime.date | None) -> list[datetime.date]:
+    """The days ``ensure`` makes now: none while today to ``ahead`` days on have partitions."""
     today = today or datetime.datetime.now(datetime.UTC).date()
-    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-        cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
-        made = {day for day, _ in days(alias)}
-        if all(today + n * _DAY in made for n in range(ahead + 1)):
-            return []
-        missing = [today + n * _DAY for n in range(2 * ahead + 1) if today + n * _DAY not in made]
-        low, high = missing[0], missing[-1] + _DAY
-        cursor.execute(f"LOCK TABLE {TABLE} IN ACCESS EXCLUSIVE MODE")
+    made = {day for day, _ in days(alias)}
+    if all(today + n * _DAY in made for n in range(ahead + 1)):
+        return []
+    return [today + n * _DAY for n in range(2 * ahead + 1) if today + n * _DAY not in made]
+
+
+def _make(cursor: Any, ahead: int, alias: str, today: datetime.date | None) -> list[str]:
+    """``ensure``'s work, under the table's lock: the days missing now (another process may
+    have made them meanwhile)."""
+    missing = _missing(ahead, alias, today)
+    if not missing:
+        return []
+    low, high = missing[0], missing[-1] + _DAY
+    cursor.execute(
+        f"CREATE TEMPORARY TABLE pgstreams_moving ON COMMIT DROP AS WITH moved AS (DELETE FROM {DEFAULT}"
+        f" WHERE stream_id >= %s AND stream_id < %s RETURNING *) SELECT * FROM moved",
+        [bound(low), bound(high)],
+    )
+    cursor.execute(f"ALTER TABLE {DEFAULT} DROP CONSTRAINT IF EXISTS {_OUTSIDE}")
+    cursor.execute(
+        f"ALTER TABLE {DEFAULT} ADD CONSTRAINT {_OUTSIDE} CHECK (stream_id < {_at(low)} OR stream_id >= {_at(high)})"
+    )
+    for day in missing:
         cursor.execute(
-            f"CREATE TEMPORARY TABLE pgstreams_moving ON COMMIT DROP AS WITH moved AS (DELETE FROM {DEFAULT}"
-            f" WHERE stream_id >= %s AND stream_id < %s RETURNING *) SELECT * FROM moved",
-            [bound(low), bound(high)],
+            f"CREATE TABLE {name(day)} PARTITION OF {TABLE} FOR VALUES FROM ({_at(day)}) TO ({_at(day + _DAY)})"
         )
-        cursor.execute(f"ALTER TABLE {DEFAULT} DROP CONSTRAINT IF EXISTS {_OUTSIDE}")
-        cursor.execute(
-            f"ALTER TABLE {DEFAULT} ADD CONSTRAINT {_OUTSIDE}"
-            f" CHECK (stream_id < {_at(low)} OR stream_id >= {_at(high)})"
-        )
-        for day in missing:
-            cursor.execute(
-                f"CREATE TABLE {name(day)} PARTITION OF {TABLE} FOR VALUES FROM ({_at(day)}) TO ({_at(day + _DAY)})"
-            )
-            cursor.execute(f"ALTER TABLE {name(day)} ALTER COLUMN stream_id SET (n_distinct = {_N_DISTINCT})")
-        cursor.execute(f"INSERT INTO {TABLE} SELECT * FROM pgstreams_moving")
-        return [name(day) for day in missing]
+        cursor.execute(f"ALTER TABLE {name(day)} ALTER COLUMN stream_id SET (n_distinct = {_N_DISTINCT})")
+    cursor.execute(f"INSERT INTO {TABLE} SELECT * FROM pgstreams_moving")
+    return [name(day) for day in missing]
 
 
 def days(using: str | None = None) -> list[tuple[datetime.date, str]]:
@@ -192,39 +238,61 @@ def droppable(cutoff: datetime.datetime, using: str | None = None) -> list[datet
     return found
 
 
-def drop(day: datetime.date, cutoff: datetime.datetime, using: str | None = None) -> list[uuid.UUID] | None:
-    """Drop ``day``'s partition if, under a lock that keeps any chunk from being added to it, no
-    stream of the day keeps it (``droppable``); return the day's streams, whose rows stay for the
-    caller to delete (Django was asked first whether it would), or None if the day was kept.
-
-    Raises:
-        ProtectedError, RestrictedError: objects of the project keep a stream of the day; nothing
-            was dropped.
-        OperationalError: the locks were not had within ``LOCK_TIMEOUT``; nothing was dropped.
-    """
-    from .durable.store import check_deletable  # not at import: models load later
-
-    alias = using or conf.database()
-    with connections[alias].cursor() as cursor:
+def streams_of(day: datetime.date, using: str | None = None) -> list[uuid.UUID]:
+    """The streams of ``day`` (by id), tombstones left out."""
+    with connections[using or conf.database()].cursor() as cursor:
         cursor.execute(
             "SELECT id FROM pgstreams_stream WHERE id >= %s AND id < %s AND deleted_at IS NULL ORDER BY id",
             [bound(day), bound(day + _DAY)],
         )
-        ids = [row[0] for row in cursor.fetchall()]
-    for group in batched(ids, 1000):
-        check_deletable(alias, group)
+        return [row[0] for row in cursor.fetchall()]
+
+
+# The chunks of a stream deleted in a transaction that set it stay (the trigger of migration
+# 0009 leaves them): its day's partition is dropped next, with them.
+DAY_DROPPED_SQL: Final = "SET LOCAL pgstreams.day_dropped = 'on'"
+
+
+def drop(day: datetime.date, using: str | None = None) -> bool:
+    """Drop ``day``'s partition, under the table's lock (``locked``), if no stream of the day is
+    left (tombstones hold no chunk): the caller deleted them first (``DAY_DROPPED_SQL``). Returns
+    whether it went; not if another process dropped it meanwhile, or a stream was made in the day
+    since (its chunks stay).
+
+    Raises:
+        OperationalError: the table's lock was not had (``busy``); nothing was dropped.
+    """
+    alias = using or conf.database()
+    if streams_of(day, alias):  # also clears the index of the rows just deleted before the lock
+        return False
+
+    def work(cursor: Any) -> bool:
+        cursor.execute("SELECT to_regclass(%s) IS NOT NULL", [name(day)])
+        if not cursor.fetchone()[0] or streams_of(day, alias):
+            return False
+        # The day's ids may be given to the default partition again (by a clock behind, or an
+        # id given): its check keeps out the days last made, which this day may be one of.
+        cursor.execute(f"ALTER TABLE {DEFAULT} DROP CONSTRAINT IF EXISTS {_OUTSIDE}")
+        cursor.execute(f"DROP TABLE {name(day)}")
+        return True
+
+    return locked(alias, work)
+
+
+def remove_orphans(day: datetime.date, using: str | None = None) -> int:
+    """Delete the chunks left in ``day``'s partition by streams deleted with ``DAY_DROPPED_SQL``
+    when the day is kept after all (an object of the project keeps a stream of it, a stream was
+    made in it since, a process stopped between the two); how many. One statement over the day."""
+    alias = using or conf.database()
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-        cursor.execute("SELECT to_regclass(%s)", [name(day)])
-        if cursor.fetchone()[0] is None:
-            return None  # dropped meanwhile, by another prune
-        cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
-        # SHARE: writes into this day wait (there should be none); reads, and the other days, go on.
-        cursor.execute(f"LOCK TABLE {name(day)} IN SHARE MODE")
-        cursor.execute(_KEEPS_SQL, [bound(day), bound(day + _DAY), cutoff])
-        if cursor.fetchone()[0]:
-            return None
-        cursor.execute(f"DROP TABLE {name(day)}")  # the parent's lock for a moment
-    return ids
+        cursor.execute("SELECT to_regclass(%s) IS NOT NULL", [name(day)])
+        if not cursor.fetchone()[0]:
+            return 0
+        cursor.execute(
+            f"DELETE FROM {name(day)} AS c"
+            " WHERE NOT EXISTS (SELECT FROM pgstreams_stream AS s WHERE s.id = c.stream_id)"
+        )
+        return cursor.rowcount
 
 
 def batched(items: list[Any], size: int) -> Iterable[list[Any]]:

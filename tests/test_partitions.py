@@ -11,13 +11,14 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 from django.db.models import ProtectedError
+from django.db.models.signals import post_delete, pre_delete
 from django.test import override_settings
 
 import pgstreams
@@ -26,7 +27,7 @@ from pgstreams import maintenance, partitions, tasks
 from pgstreams.durable import store
 from pgstreams.fetch import FETCH_SQL
 from pgstreams.models import Stream
-from tests.helpers import PARTITIONED
+from tests.helpers import PARTITIONED, in_thread
 from tests.test_operations import kept_by_the_project
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", ALIAS := "partitioned"])
@@ -135,7 +136,7 @@ def test_a_day_whose_streams_all_closed_before_the_cutoff_goes_by_a_drop_leaving
     done = maintenance.prune(CUTOFF, using=parts)
     assert (done.streams, done.chunks) == (20, 2000)
     assert partitions.name(day) not in [table for _, table in partitions.days(parts)]
-    assert partitions.drop(day, CUTOFF, parts) is None  # as another prune finds it, dropped meanwhile
+    assert partitions.drop(day, parts) is False  # as another prune finds it, dropped meanwhile
     assert sql("SELECT count(*) FROM pgstreams_stream WHERE id = ANY(%s)", [gone]) == [(0,)]
     assert dead_chunk_tuples() == 0
     # The same streams pruned row by row, in the default partition: the measure sees them.
@@ -213,6 +214,152 @@ def test_a_day_a_project_object_keeps_a_stream_of_is_kept_whole(parts: str) -> N
     assert partitions.name(day) not in [table for _, table in partitions.days(parts)]
 
 
+def test_a_project_object_made_while_a_day_is_pruned_keeps_its_stream_whole(parts: str) -> None:
+    """A stream of the day's second batch pinned (on_delete=PROTECT) while the first is deleted:
+    the prune stops as it does today, the first batch is gone with its chunks, and every other
+    stream keeps all of its chunks (dropping the day first, with a check before, lost them)."""
+    day = DAY + datetime.timedelta(days=12)
+    partitions.convert(0, using=parts, today=day)
+    ids = on(day, 1200)
+    streams(ids, 3, 90)
+    with kept_by_the_project(ALIAS) as pin:
+
+        def pin_the_last(sender: Any, **kwargs: Any) -> None:
+            post_delete.disconnect(pin_the_last, sender=Stream)
+            in_thread(lambda: pin.objects.using(ALIAS).create(stream_id=ids[-1]))
+
+        post_delete.connect(pin_the_last, sender=Stream)
+        try:
+            with pytest.raises(ProtectedError):
+                maintenance.prune(CUTOFF, using=parts)
+        finally:
+            post_delete.disconnect(pin_the_last, sender=Stream)
+        left = dict(sql("SELECT stream_id, count(*) FROM pgstreams_chunk WHERE stream_id = ANY(%s) GROUP BY 1", [ids]))
+        assert left == {stream_id: 3 for stream_id in ids[1000:]}  # the first batch went whole, the rest stays
+        assert sql("SELECT count(*) FROM pgstreams_stream WHERE id = ANY(%s)", [ids]) == [(200,)]
+        assert partitions.name(day) in [table for _, table in partitions.days(parts)]
+        pin.objects.using(ALIAS).all().delete()
+    assert maintenance.prune(CUTOFF, using=parts).streams == 200
+
+
+def test_the_project_receivers_see_a_pruned_days_streams_with_their_chunks(parts: str) -> None:
+    """As in any prune: the streams go before their chunks (dropping the day first showed a
+    receiver, a fork or a reader a stream without its chunks)."""
+    day = DAY + datetime.timedelta(days=14)
+    partitions.convert(0, using=parts, today=day)
+    ids = on(day, 3)
+    streams(ids, 7, 90)
+    seen = {}
+
+    def count(sender: Any, instance: Stream, **kwargs: Any) -> None:
+        seen[instance.pk] = sql("SELECT count(*) FROM pgstreams_chunk WHERE stream_id = %s", [instance.pk])[0][0]
+
+    pre_delete.connect(count, sender=Stream)
+    try:
+        assert maintenance.prune(CUTOFF, using=parts).chunks == 21
+    finally:
+        pre_delete.disconnect(count, sender=Stream)
+    assert seen == {stream_id: 7 for stream_id in ids}
+    assert partitions.name(day) not in [table for _, table in partitions.days(parts)]
+
+
+def holding_the_lock(
+    seconds: float, then: str = "", mode: str = "ACCESS EXCLUSIVE", only: bool = False
+) -> threading.Thread:
+    """A transaction of another connection that holds the chunk table's lock (``only`` the table,
+    not its days) for ``seconds``, having run ``then`` under it; begun before this returns."""
+    held = threading.Event()
+
+    def hold() -> None:
+        with transaction.atomic(using=ALIAS), connections[ALIAS].cursor() as cursor:
+            cursor.execute(f"LOCK TABLE {'ONLY ' if only else ''}pgstreams_chunk IN {mode} MODE")
+            if then:
+                cursor.execute(then)
+            held.set()
+            time.sleep(seconds)
+        connections[ALIAS].close()
+
+    thread = threading.Thread(target=hold, name="test-lock-holder")
+    thread.start()
+    assert held.wait(10)
+    return thread
+
+
+def test_a_day_another_process_drops_meanwhile_is_passed_over(parts: str) -> None:
+    day = DAY + datetime.timedelta(days=16)
+    partitions.convert(0, using=parts, today=day)
+    holder = holding_the_lock(0.3, then=f"DROP TABLE {partitions.name(day)}")
+    try:
+        assert partitions.drop(day, parts) is False  # it waited for the lock, then found the day gone
+    finally:
+        holder.join(10)
+
+
+def at_once(*calls: Callable[[], Any]) -> list[Any]:
+    """Each call in a thread of its own (with its own connections), started together; what each
+    returned, or raised."""
+    go, results = threading.Barrier(len(calls)), [None] * len(calls)
+
+    def run(n: int) -> None:
+        go.wait(5)
+        try:
+            results[n] = calls[n]()
+        except BaseException as exc:
+            results[n] = exc
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run, args=(n,), name=f"test-at-once-{n}") for n in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return results
+
+
+def test_two_processes_making_days_at_once_make_each_once(parts: str) -> None:
+    """Both find the days missing, then wait for the lock (another transaction holds it): the
+    second to have it finds them made (it made them again, and failed on "already exists")."""
+    partitions.convert(0, using=parts)
+    start = datetime.date(2027, 6, 1)
+    holder = holding_the_lock(0.5)
+    made = at_once(*[lambda: partitions.ensure(2, using=ALIAS, today=start)] * 2)
+    holder.join(10)
+    assert sorted(made, key=len) == [[], [partitions.name(start + datetime.timedelta(days=n)) for n in range(5)]]
+
+
+def test_a_dropped_days_ids_go_to_the_default_partition_though_days_around_it_were_just_made(parts: str) -> None:
+    """A stream made by a clock behind, or given its id, in a day already dropped: its chunks are
+    held by the default partition (the check that keeps the days last made out of it refused them)."""
+    start = datetime.date(2027, 7, 1)
+    partitions.convert(0, using=parts)
+    assert len(partitions.ensure(2, using=parts, today=start)) == 5
+    assert partitions.drop(start + datetime.timedelta(days=1), parts)
+    late = on(start + datetime.timedelta(days=1), 1)
+    streams(late, 4, None)
+    assert where(late) == {late[0]: partitions.DEFAULT}
+
+
+def test_pruning_and_making_days_at_once_never_deadlock(parts: str) -> None:
+    """Both take the chunk table's lock first. The making of days queued for it (behind a
+    transaction that holds the table alone), then a prune: a prune that locked its day, then
+    queued for the table, deadlocked with the making of days, which locks the table's days too."""
+    day = DAY + datetime.timedelta(days=22)
+    partitions.convert(0, using=parts, today=day)
+    streams(on(day, 20), 5, 90)
+    holder = holding_the_lock(1.0, mode="ACCESS SHARE", only=True)
+
+    def prune_a_moment_later() -> maintenance.Pruned:
+        time.sleep(0.3)
+        return maintenance.prune(CUTOFF, using=ALIAS)
+
+    made, pruned = at_once(
+        lambda: partitions.ensure(3, using=ALIAS, today=datetime.date(2028, 1, 1)), prune_a_moment_later
+    )
+    holder.join(10)
+    assert len(made) == 7 and pruned.streams == 20, (made, pruned)
+
+
 def test_a_random_id_that_falls_in_a_new_days_range_moves_into_it(parts: str) -> None:
     day = DAY + datetime.timedelta(days=40)
     partitions.convert(0, using=parts, today=day - datetime.timedelta(days=1))
@@ -277,6 +424,8 @@ def test_the_commands_give_up_on_a_lock_they_cannot_have_and_change_nothing(part
     ids = on(day, 3)
     streams(ids, 10, 90)
     monkeypatch.setattr(partitions, "LOCK_TIMEOUT", "200ms")
+    monkeypatch.setattr(partitions, "LOCK_TRIES", 2)
+    monkeypatch.setattr(partitions, "LOCK_PAUSE", 0.1)
     held, release = threading.Event(), threading.Event()
 
     def reader() -> None:  # a long transaction that read the chunks
@@ -294,9 +443,9 @@ def test_the_commands_give_up_on_a_lock_they_cannot_have_and_change_nothing(part
         assert held.wait(10)
         before = partitions.days(parts)
         with override_settings(PGSTREAMS={"DATABASE": ALIAS}):
-            with pytest.raises(CommandError, match="could not be locked within 200ms"):
+            with pytest.raises(CommandError, match="lock was not had in 2 tries of 200ms .*; nothing changed"):
                 call_command("pgstreams_partition", "--ahead", "30")
-            with pytest.raises(CommandError, match="a day's partition could not be locked within 200ms"):
+            with pytest.raises(CommandError, match="lock was not had in 2 tries of 200ms .*, to drop a day"):
                 call_command("pgstreams_prune", "--closed-before", "30d")
         assert partitions.days(parts) == before
         assert sql("SELECT count(*) FROM pgstreams_chunk WHERE stream_id = ANY(%s)", [ids]) == [(30,)]

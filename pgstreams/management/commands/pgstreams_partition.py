@@ -35,10 +35,7 @@ class Command(BaseCommand):
         except OperationalError as exc:
             if not partitions.busy(exc):
                 raise
-            raise CommandError(
-                f"{partitions.TABLE} could not be locked within {partitions.LOCK_TIMEOUT} (a long transaction "
-                "holds it); nothing changed: run it again"
-            ) from None
+            raise CommandError(f"stopped: {partitions.busy_text()}; nothing changed: run it again") from None
         if converting:
             self.stdout.write(
                 f"{partitions.TABLE} is partitioned by day: its rows are the partition {partitions.DEFAULT}, "

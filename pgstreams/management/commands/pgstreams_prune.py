@@ -75,8 +75,8 @@ class Command(BaseCommand):
             if not partitions.busy(exc):
                 raise
             raise CommandError(
-                f"stopped: a day's partition could not be locked within {partitions.LOCK_TIMEOUT} (a long transaction "
-                "on the chunks holds it); what went before stays pruned: run it again"
+                f"stopped: {partitions.busy_text()}, to drop a day; what was deleted stays deleted, and the day's "
+                "chunks go at the next prune: run it again"
             ) from None
         if show:
             self.stdout.write("")
