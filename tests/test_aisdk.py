@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -38,7 +39,7 @@ from pgstreams import aisdk, leases, protocol
 from pgstreams.durable import views as durable_views
 from pgstreams.models import Chunk, Stream
 from tests.conftest import serving
-from tests.helpers import ROOT, free_port, in_thread, make_project, node_dir
+from tests.helpers import ROOT, end_answers_in_flight, free_port, in_thread, make_project, node_dir
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.multiprocess]
 
@@ -639,7 +640,10 @@ def test_any_prompt_to_the_demos_chat_endpoints_is_answered_or_refused_with_a_re
 
 
 @pytest.fixture
-def client_of_prompts() -> Client:
+def client_of_prompts() -> Iterator[Client]:
+    """A signed-in client; the answers its prompts started, which the module's demo workers write,
+    are ended before the test's flush (a worker's transaction can deadlock the flush's TRUNCATE)."""
     client = Client()
     client.force_login(get_user_model().objects.get_or_create(username="prompts")[0])
-    return client
+    yield client
+    end_answers_in_flight()
