@@ -16,6 +16,7 @@ its last fork goes.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import re
 from collections.abc import Callable
@@ -116,7 +117,8 @@ def prune(
     project's objects that point at a stream go with it, or keep it, as their ``on_delete`` says.
     With the chunks partitioned by day (``partitions``), each day whose every stream may go goes
     first: its streams 1,000 at a time, as above but for their chunks, then its partition with
-    them; the other streams go as before. Returns what was deleted.
+    them; the other streams go as before, as all do when called in a transaction (the drop's lock
+    of the table would last to its end). Returns what was deleted.
 
     Raises:
         ProtectedError, RestrictedError: objects of the project keep a stream (on_delete
@@ -131,26 +133,31 @@ def prune(
     alias = using or conf.database()
     done = Pruned()
 
-    def delete(group: list[Any], *, day_dropped: bool = False) -> None:
+    def delete(group: list[Any], day: datetime.date | None = None) -> None:
         # No idle bound: Django's delete runs the project's signal receivers, which take the time
         # they take, as in any delete of the project's.
         with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-            if day_dropped:  # the chunks stay for the day's DROP
-                cursor.execute(partitions.DAY_DROPPED_SQL)
-            cursor.execute(_LOCK_SQL, [group, cutoff])
-            locked = dict(cursor.fetchall())  # id: chunks
-            delete_streams(alias, list(locked))
+            with partitions.dropping_day(cursor, day) if day else contextlib.nullcontext():
+                cursor.execute(_LOCK_SQL, [group, cutoff])
+                locked = dict(cursor.fetchall())  # id: chunks
+                delete_streams(alias, list(locked))
         done.streams += len(locked)
         done.chunks += sum(locked.values())
         if progress:
             progress(done)
 
     # Whole days first: their streams deleted as below but for their chunks, then the day dropped.
-    if partitions.is_partitioned(alias):
-        for day in partitions.droppable(cutoff, alias):
+    # Not in a caller's transaction, which would hold the drop's lock of the table to its end.
+    if partitions.is_partitioned(alias) and not connections[alias].in_atomic_block:
+        days = partitions.droppable(cutoff, alias)
+        for day in partitions.orphaned(alias):  # a prune's left by a stop, or a stream made since
+            if day not in days:
+                partitions.remove_orphans(day, alias)
+        for day in days:
+            partitions.mark_dropping(day, alias)
             try:
                 for group in partitions.batched(partitions.streams_of(day, alias), 1000):
-                    delete(group, day_dropped=True)
+                    delete(group, day)
             except Exception:
                 partitions.remove_orphans(day, alias)  # the day is kept: what went goes as before
                 raise

@@ -19,11 +19,12 @@ project).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final, TypeVar
 
 from django.db import OperationalError, connections, transaction
@@ -102,7 +103,14 @@ def locked(alias: str, work: Callable[[Any], T]) -> T:
 
     Raises:
         OperationalError: the lock was not had (``busy``); nothing changed.
+        RuntimeError: called in a transaction (``transaction.atomic``), which would hold the lock
+            until it ends.
     """
+    if connections[alias].in_atomic_block:
+        raise RuntimeError(
+            f"changing the partitions of {TABLE} takes its lock, which a transaction would hold until it ends: "
+            "call it outside transaction.atomic()"
+        )
     for attempt in range(LOCK_TRIES):
         try:
             with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
@@ -248,14 +256,46 @@ def streams_of(day: datetime.date, using: str | None = None) -> list[uuid.UUID]:
         return [row[0] for row in cursor.fetchall()]
 
 
-# The chunks of a stream deleted in a transaction that set it stay (the trigger of migration
-# 0009 leaves them): its day's partition is dropped next, with them.
-DAY_DROPPED_SQL: Final = "SET LOCAL pgstreams.day_dropped = 'on'"
+# The day a transaction's deletes of streams leave the chunks of, for its partition's drop (the
+# trigger of migration 0009 reads it): "low high", or none.
+_DAY_DROPPED_SQL: Final = "SELECT set_config('pgstreams.day_dropped', %s, true)"
+# A day whose streams a prune began to delete, leaving their chunks: its partition's comment.
+_DROPPING: Final = "pgstreams: its streams are being deleted, their chunks left for its drop"
+
+
+@contextlib.contextmanager
+def dropping_day(cursor: Any, day: datetime.date) -> Iterator[None]:
+    """In the block (in a transaction), the streams of ``day`` deleted leave their chunks for the
+    day's ``drop``; any other stream deleted loses its chunks as before."""
+    cursor.execute(_DAY_DROPPED_SQL, [f"{bound(day)} {bound(day + _DAY)}"])
+    try:
+        yield
+    finally:
+        cursor.execute(_DAY_DROPPED_SQL, [""])
+
+
+def mark_dropping(day: datetime.date, using: str | None = None) -> None:
+    """Say, on ``day``'s partition, that its streams are being deleted without their chunks: if
+    the day is kept after all (a stream made in it since, a process stopped), ``prune`` removes
+    what they left (``orphaned``)."""
+    with connections[using or conf.database()].cursor() as cursor:
+        cursor.execute(f"COMMENT ON TABLE {name(day)} IS '{_DROPPING}'")
+
+
+def orphaned(using: str | None = None) -> list[datetime.date]:
+    """The days marked by ``mark_dropping`` and still held."""
+    with connections[using or conf.database()].cursor() as cursor:
+        cursor.execute(
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+            " WHERE i.inhparent = %s::regclass AND obj_description(c.oid, 'pg_class') = %s ORDER BY c.relname",
+            [TABLE, _DROPPING],
+        )
+        return [datetime.datetime.strptime(row[0][-8:], "%Y%m%d").date() for row in cursor.fetchall()]
 
 
 def drop(day: datetime.date, using: str | None = None) -> bool:
     """Drop ``day``'s partition, under the table's lock (``locked``), if no stream of the day is
-    left (tombstones hold no chunk): the caller deleted them first (``DAY_DROPPED_SQL``). Returns
+    left (tombstones hold no chunk): the caller deleted them first (``dropping_day``). Returns
     whether it went; not if another process dropped it meanwhile, or a stream was made in the day
     since (its chunks stay).
 
@@ -280,9 +320,10 @@ def drop(day: datetime.date, using: str | None = None) -> bool:
 
 
 def remove_orphans(day: datetime.date, using: str | None = None) -> int:
-    """Delete the chunks left in ``day``'s partition by streams deleted with ``DAY_DROPPED_SQL``
-    when the day is kept after all (an object of the project keeps a stream of it, a stream was
-    made in it since, a process stopped between the two); how many. One statement over the day."""
+    """Delete the chunks left in ``day``'s partition by streams deleted in ``dropping_day`` when
+    the day is kept after all (an object of the project keeps a stream of it, a stream was made
+    in it since, a process stopped between the two), and its mark; how many. One statement over
+    the day."""
     alias = using or conf.database()
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
         cursor.execute("SELECT to_regclass(%s) IS NOT NULL", [name(day)])
@@ -292,7 +333,9 @@ def remove_orphans(day: datetime.date, using: str | None = None) -> int:
             f"DELETE FROM {name(day)} AS c"
             " WHERE NOT EXISTS (SELECT FROM pgstreams_stream AS s WHERE s.id = c.stream_id)"
         )
-        return cursor.rowcount
+        removed = cursor.rowcount
+        cursor.execute(f"COMMENT ON TABLE {name(day)} IS NULL")
+        return removed
 
 
 def batched(items: list[Any], size: int) -> Iterable[list[Any]]:

@@ -263,6 +263,68 @@ def test_the_project_receivers_see_a_pruned_days_streams_with_their_chunks(parts
     assert partitions.name(day) not in [table for _, table in partitions.days(parts)]
 
 
+def test_a_stream_a_receiver_deletes_during_a_days_prune_loses_its_chunks_as_always(parts: str) -> None:
+    """Only the day's streams leave their chunks to its drop: another stream deleted in the same
+    transaction (a receiver's, here one of today's and one from before the conversion) kept
+    them for good."""
+    day = DAY + datetime.timedelta(days=18)
+    partitions.convert(0, using=parts, today=day)
+    ids = on(day, 2)
+    streams(ids, 3, 90)
+    partitions.ensure(0, using=parts)
+    others = [uuid.uuid4(), on(datetime.datetime.now(datetime.UTC).date(), 1)[0]]
+    streams(others, 4, None)
+
+    def delete_the_others(sender: Any, **kwargs: Any) -> None:
+        post_delete.disconnect(delete_the_others, sender=Stream)
+        Stream.objects.using(ALIAS).filter(pk__in=others).delete()
+
+    post_delete.connect(delete_the_others, sender=Stream)
+    try:
+        maintenance.prune(CUTOFF, using=parts)
+    finally:
+        post_delete.disconnect(delete_the_others, sender=Stream)
+    assert partitions.name(day) not in [table for _, table in partitions.days(parts)]
+    assert sql("SELECT count(*) FROM pgstreams_chunk WHERE stream_id = ANY(%s)", [others]) == [(0,)]
+
+
+def test_a_prune_in_a_transaction_goes_row_by_row_and_leaves_no_setting_or_lock(parts: str) -> None:
+    day = DAY + datetime.timedelta(days=19)
+    partitions.convert(0, using=parts, today=day)
+    ids = on(day, 2)
+    streams(ids, 3, 90)
+    with transaction.atomic(using=ALIAS):
+        assert maintenance.prune(CUTOFF, using=parts).streams == 2
+        assert sql("SELECT coalesce(current_setting('pgstreams.day_dropped', true), '')") == [("",)]
+        assert (
+            sql("SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND mode = 'AccessExclusiveLock'")[0][0]
+            == 0
+        )
+        with pytest.raises(RuntimeError, match="call it outside transaction.atomic"):
+            partitions.ensure(0, using=parts, today=day + datetime.timedelta(days=1))
+    assert sql("SELECT count(*) FROM pgstreams_chunk WHERE stream_id = ANY(%s)", [ids]) == [(0,)]
+    assert partitions.name(day) in [table for _, table in partitions.days(parts)]  # kept, empty
+
+
+def test_the_chunks_a_stopped_prune_left_go_at_the_next_though_the_day_is_kept(parts: str) -> None:
+    """A prune stopped between a day's batches, then a stream made in the day (a clock behind):
+    the next prune keeps the day for it, and removes what the first left."""
+    day = DAY + datetime.timedelta(days=21)
+    partitions.convert(0, using=parts, today=day)
+    gone, late = on(day, 2), on(day + datetime.timedelta(hours=6), 1)
+    streams(gone, 3, 90)
+    partitions.mark_dropping(day, parts)
+    with transaction.atomic(using=ALIAS), connections[ALIAS].cursor() as cursor:
+        with partitions.dropping_day(cursor, day):
+            Stream.objects.using(ALIAS).filter(pk__in=gone).delete()
+    assert sql("SELECT count(*) FROM pgstreams_chunk WHERE stream_id = ANY(%s)", [gone]) == [(6,)]  # left
+    streams(late, 2, None)
+    maintenance.prune(CUTOFF, using=parts)
+    assert sql("SELECT count(*) FROM pgstreams_chunk WHERE stream_id = ANY(%s)", [gone]) == [(0,)]
+    assert sql("SELECT count(*) FROM pgstreams_chunk WHERE stream_id = ANY(%s)", [late]) == [(2,)]
+    assert partitions.orphaned(parts) == []
+
+
 def holding_the_lock(
     seconds: float, then: str = "", mode: str = "ACCESS EXCLUSIVE", only: bool = False
 ) -> threading.Thread:

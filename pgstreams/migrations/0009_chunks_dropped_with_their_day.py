@@ -1,7 +1,9 @@
-"""The trigger that deletes a deleted stream's chunks leaves them when the transaction says they go
-with their day's partition (``SET LOCAL pgstreams.day_dropped = 'on'``, ``partitions.py``): a
-prune of a whole day deletes its streams as Django deletes them, their chunks still there for the
-project's receivers and for any reader until then, and then drops the day. Otherwise unchanged."""
+"""The trigger that deletes a deleted stream's chunks leaves those of the streams of one day when
+the transaction names that day's range of ids (``pgstreams.day_dropped``, set by
+``partitions.dropping_day``): a prune of a whole day deletes its streams as Django deletes them,
+their chunks still there for the project's receivers and for any reader until then, and then
+drops the day with them. Any other stream deleted in that transaction (a receiver's) loses its
+chunks as before. Otherwise unchanged."""
 
 from django.db import migrations
 
@@ -15,8 +17,12 @@ BEGIN
         EXCEPTION WHEN object_in_use THEN  -- this statement truncates the chunks too
             DELETE FROM pgstreams_chunk;
         END;
-    ELSIF current_setting('pgstreams.day_dropped', true) = 'on' THEN
-        NULL;  -- they go with their day's partition, dropped next
+    ELSIF coalesce(current_setting('pgstreams.day_dropped', true), '') <> '' THEN
+        -- "low high": the day whose partition is dropped next, with its streams' chunks.
+        DELETE FROM pgstreams_chunk WHERE stream_id = ANY (ARRAY(
+            SELECT id FROM gone
+            WHERE id < split_part(current_setting('pgstreams.day_dropped'), ' ', 1)::uuid
+               OR id >= split_part(current_setting('pgstreams.day_dropped'), ' ', 2)::uuid));
     ELSE
         DELETE FROM pgstreams_chunk WHERE stream_id = ANY (ARRAY(SELECT id FROM gone));
     END IF;
