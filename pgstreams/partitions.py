@@ -9,8 +9,10 @@ changes, and a read keyed by stream reads one partition.
 
 ``convert()`` turns an existing table into the parent of partitions without copying it: the table
 becomes the default partition, whole, where the streams made before (random, version 4 ids) stay
-until they are pruned row by row as before. ``ensure()`` makes the days ahead. ``droppable()``
-and ``drop()`` are how ``maintenance.prune`` expires a day whose every stream it may delete.
+until they are pruned row by row as before. ``ensure()`` makes the days ahead. ``droppable()``,
+``dropping_day()`` (its streams' deletes leave their chunks), ``drop()`` and, when the day is
+kept after all, ``remove_orphans()`` are how ``maintenance.prune`` expires a day whose every
+stream it may delete. Every change of the partitions takes the table's lock first (``locked``).
 
 Not here: which streams may go and deleting their rows (``maintenance.prune`` decides, and
 deletes them as Django would); when to make days (``pgstreams_partition``, scheduled by the
