@@ -8,6 +8,7 @@ import base64
 import itertools
 import json
 import random
+import re
 import uuid
 from typing import Any
 
@@ -173,6 +174,9 @@ async def test_the_durable_streams_endpoint_answers_the_same_before_and_after_co
             else:
                 content = response.content
             headers = {k: v for k, v in response.headers.items() if k.startswith(("Stream-", "ETag", "Cache"))}
+            # A live answer's cursor is the clock's interval: before and after may straddle one.
+            headers.pop("Stream-Cursor", None)
+            content = re.sub(rb'"streamCursor":"\d+"', b'"streamCursor":"-"', content)
             found.append((offset, live, response.status_code, headers, content))
         return found
 
