@@ -150,14 +150,15 @@ def prune(
     # Not in a caller's transaction, which would hold the drop's lock of the table to its end.
     if partitions.is_partitioned(alias) and not connections[alias].in_atomic_block:
         days = partitions.droppable(cutoff, alias)
-        for day in partitions.orphaned(alias):  # a prune's left by a stop, or a stream made since
+        for day, _ in partitions.days(alias, marked=True):  # a prune's left by a stop, or a stream made since
             if day not in days:
                 partitions.remove_orphans(day, alias)
         for day in days:
             partitions.mark_dropping(day, alias)
+            ids = partitions.streams_of(day, alias)
             try:
-                for group in partitions.batched(partitions.streams_of(day, alias), 1000):
-                    delete(group, day)
+                for start in range(0, len(ids), 1000):
+                    delete(ids[start : start + 1000], day)
             except Exception:
                 partitions.remove_orphans(day, alias)  # the day is kept: what went goes as before
                 raise

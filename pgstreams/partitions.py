@@ -26,7 +26,7 @@ import datetime
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Final, TypeVar
 
 from django.db import OperationalError, connections, transaction
@@ -41,6 +41,8 @@ DEFAULT: Final = "pgstreams_chunk_default"
 # day's partition needs no scan of the default partition under the parent's lock.
 _OUTSIDE: Final = "pgstreams_chunk_default_outside"
 _DAY: Final = datetime.timedelta(days=1)
+# A day whose streams a prune began to delete, leaving their chunks: its partition's comment.
+_DROPPING: Final = "pgstreams: its streams are being deleted, their chunks left for its drop"
 # How long a change of the partitions waits for the chunk table's lock at a time, how many times,
 # and how long apart (``locked``): readers and writers queued behind it wait at most that long.
 LOCK_TIMEOUT: Final = "500ms"
@@ -215,13 +217,14 @@ def _make(cursor: Any, ahead: int, alias: str, today: datetime.date | None) -> l
     return [name(day) for day in missing]
 
 
-def days(using: str | None = None) -> list[tuple[datetime.date, str]]:
-    """The day partitions, oldest first."""
+def days(using: str | None = None, *, marked: bool = False) -> list[tuple[datetime.date, str]]:
+    """The day partitions, oldest first; ``marked``, only those ``mark_dropping`` marked."""
     with connections[using or conf.database()].cursor() as cursor:
         cursor.execute(
             "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
-            " WHERE i.inhparent = %s::regclass AND c.relname <> %s ORDER BY c.relname",
-            [TABLE, DEFAULT],
+            " WHERE i.inhparent = %s::regclass AND c.relname <> %s"
+            " AND (NOT %s OR obj_description(c.oid, 'pg_class') = %s) ORDER BY c.relname",
+            [TABLE, DEFAULT, marked, _DROPPING],
         )
         return [(datetime.datetime.strptime(row[0][-8:], "%Y%m%d").date(), row[0]) for row in cursor.fetchall()]
 
@@ -261,8 +264,6 @@ def streams_of(day: datetime.date, using: str | None = None) -> list[uuid.UUID]:
 # The day a transaction's deletes of streams leave the chunks of, for its partition's drop (the
 # trigger of migration 0009 reads it): "low high", or none.
 _DAY_DROPPED_SQL: Final = "SELECT set_config('pgstreams.day_dropped', %s, true)"
-# A day whose streams a prune began to delete, leaving their chunks: its partition's comment.
-_DROPPING: Final = "pgstreams: its streams are being deleted, their chunks left for its drop"
 
 
 @contextlib.contextmanager
@@ -279,20 +280,9 @@ def dropping_day(cursor: Any, day: datetime.date) -> Iterator[None]:
 def mark_dropping(day: datetime.date, using: str | None = None) -> None:
     """Say, on ``day``'s partition, that its streams are being deleted without their chunks: if
     the day is kept after all (a stream made in it since, a process stopped), ``prune`` removes
-    what they left (``orphaned``)."""
+    what they left (``days(marked=True)``, ``remove_orphans``)."""
     with connections[using or conf.database()].cursor() as cursor:
         cursor.execute(f"COMMENT ON TABLE {name(day)} IS '{_DROPPING}'")
-
-
-def orphaned(using: str | None = None) -> list[datetime.date]:
-    """The days marked by ``mark_dropping`` and still held."""
-    with connections[using or conf.database()].cursor() as cursor:
-        cursor.execute(
-            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
-            " WHERE i.inhparent = %s::regclass AND obj_description(c.oid, 'pg_class') = %s ORDER BY c.relname",
-            [TABLE, _DROPPING],
-        )
-        return [datetime.datetime.strptime(row[0][-8:], "%Y%m%d").date() for row in cursor.fetchall()]
 
 
 def drop(day: datetime.date, using: str | None = None) -> bool:
@@ -338,9 +328,3 @@ def remove_orphans(day: datetime.date, using: str | None = None) -> int:
         removed = cursor.rowcount
         cursor.execute(f"COMMENT ON TABLE {name(day)} IS NULL")
         return removed
-
-
-def batched(items: list[Any], size: int) -> Iterable[list[Any]]:
-    """``items`` in lists of ``size`` (itertools.batched from Python 3.12)."""
-    for start in range(0, len(items), size):
-        yield items[start : start + size]

@@ -5,6 +5,8 @@ their chunks still there for the project's receivers and for any reader until th
 drops the day with them. Any other stream deleted in that transaction (a receiver's) loses its
 chunks as before. Otherwise unchanged."""
 
+from importlib import import_module
+
 from django.db import migrations
 
 FUNCTION_SQL = """
@@ -31,24 +33,10 @@ END
 $$
 """
 
-# 0006's function, as it was.
-PREVIOUS_SQL = """
-CREATE OR REPLACE FUNCTION pgstreams_delete_chunks() RETURNS trigger LANGUAGE plpgsql
-SECURITY DEFINER SET search_path FROM CURRENT AS $$
-BEGIN
-    IF TG_OP = 'TRUNCATE' THEN
-        BEGIN
-            TRUNCATE pgstreams_chunk;
-        EXCEPTION WHEN object_in_use THEN  -- this statement truncates the chunks too
-            DELETE FROM pgstreams_chunk;
-        END;
-    ELSE
-        DELETE FROM pgstreams_chunk WHERE stream_id = ANY (ARRAY(SELECT id FROM gone));
-    END IF;
-    RETURN NULL;
-END
-$$
-"""
+# 0006's function, as it was (that migration's text, not a copy of it).
+PREVIOUS_SQL = import_module("pgstreams.migrations.0006_chunks_deleted_by_trigger").FUNCTION_SQL.replace(
+    "CREATE FUNCTION", "CREATE OR REPLACE FUNCTION"
+)
 
 
 class Migration(migrations.Migration):
