@@ -154,7 +154,8 @@ def prune(
             if day not in days:
                 partitions.remove_orphans(day, alias)
         for day in days:
-            partitions.mark_dropping(day, alias)
+            if not partitions.mark_dropping(day, alias):
+                continue  # another prune dropped it meanwhile
             ids = partitions.streams_of(day, alias)
             try:
                 for start in range(0, len(ids), 1000):

@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any, Final, TypeVar
 
-from django.db import OperationalError, connections, transaction
+from django.db import OperationalError, ProgrammingError, connections, transaction
 
 from . import conf
 
@@ -271,18 +271,33 @@ def dropping_day(cursor: Any, day: datetime.date) -> Iterator[None]:
     """In the block (in a transaction), the streams of ``day`` deleted leave their chunks for the
     day's ``drop``; any other stream deleted loses its chunks as before."""
     cursor.execute(_DAY_DROPPED_SQL, [f"{bound(day)} {bound(day + _DAY)}"])
+    yield  # on an error, the transaction's rollback takes the setting with it
+    cursor.execute(_DAY_DROPPED_SQL, [""])
+
+
+def _held(cursor: Any, day: datetime.date, mode: str) -> bool:
+    """Lock ``day``'s partition in ``mode`` for the caller's transaction; False if it is gone
+    (another prune dropped it, perhaps while this waited for the lock)."""
     try:
-        yield
-    finally:
-        cursor.execute(_DAY_DROPPED_SQL, [""])
+        with transaction.atomic(using=cursor.db.alias):
+            cursor.execute(f"LOCK TABLE {name(day)} IN {mode} MODE")
+    except ProgrammingError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) != "42P01":  # undefined_table
+            raise
+        return False
+    return True
 
 
-def mark_dropping(day: datetime.date, using: str | None = None) -> None:
+def mark_dropping(day: datetime.date, using: str | None = None) -> bool:
     """Say, on ``day``'s partition, that its streams are being deleted without their chunks: if
     the day is kept after all (a stream made in it since, a process stopped), ``prune`` removes
-    what they left (``days(marked=True)``, ``remove_orphans``)."""
-    with connections[using or conf.database()].cursor() as cursor:
+    what they left (``days(marked=True)``, ``remove_orphans``). False if the day is gone."""
+    alias = using or conf.database()
+    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        if not _held(cursor, day, "SHARE UPDATE EXCLUSIVE"):  # the lock COMMENT takes
+            return False
         cursor.execute(f"COMMENT ON TABLE {name(day)} IS '{_DROPPING}'")
+        return True
 
 
 def drop(day: datetime.date, using: str | None = None) -> bool:
@@ -318,8 +333,7 @@ def remove_orphans(day: datetime.date, using: str | None = None) -> int:
     the day."""
     alias = using or conf.database()
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-        cursor.execute("SELECT to_regclass(%s) IS NOT NULL", [name(day)])
-        if not cursor.fetchone()[0]:
+        if not _held(cursor, day, "SHARE UPDATE EXCLUSIVE"):
             return 0
         cursor.execute(
             f"DELETE FROM {name(day)} AS c"

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection, connections, transaction
+from django.db import DataError, connection, connections, transaction
 from django.db.models import ProtectedError
 from django.db.models.signals import post_delete, pre_delete
 from django.test import override_settings
@@ -323,6 +323,60 @@ def test_the_chunks_a_stopped_prune_left_go_at_the_next_though_the_day_is_kept(p
     assert sql("SELECT count(*) FROM pgstreams_chunk WHERE stream_id = ANY(%s)", [gone]) == [(0,)]
     assert sql("SELECT count(*) FROM pgstreams_chunk WHERE stream_id = ANY(%s)", [late]) == [(2,)]
     assert partitions.days(parts, marked=True) == []
+
+
+def test_a_day_another_prune_drops_meanwhile_is_passed_over_whatever_step_this_one_is_at(parts: str) -> None:
+    """Its mark, and the removal of what a stopped prune left, wait for the other's drop, then
+    find the day gone (they failed on "relation does not exist", and ended the prune)."""
+    day = DAY + datetime.timedelta(days=23)
+    partitions.convert(0, using=parts, today=day)
+    holder = holding_the_lock(0.3, then=f"DROP TABLE {partitions.name(day)}")
+    try:
+        assert partitions.mark_dropping(day, parts) is False
+    finally:
+        holder.join(10)
+    partitions.ensure(0, using=parts, today=day)
+    holder = holding_the_lock(0.3, then=f"DROP TABLE {partitions.name(day)}")
+    try:
+        assert partitions.remove_orphans(day, parts) == 0
+    finally:
+        holder.join(10)
+
+
+def test_a_receivers_database_error_in_a_days_prune_is_raised_as_it_is(parts: str) -> None:
+    """Not hidden by the reset of the day's setting in the failed transaction (it raised
+    TransactionManagementError); the day is kept whole."""
+    day = DAY + datetime.timedelta(days=24)
+    partitions.convert(0, using=parts, today=day)
+    ids = on(day, 2)
+    streams(ids, 3, 90)
+
+    def fail(sender: Any, **kwargs: Any) -> None:
+        sql("SELECT 1 / 0")
+
+    post_delete.connect(fail, sender=Stream)
+    try:
+        with pytest.raises(DataError, match="division by zero"):
+            maintenance.prune(CUTOFF, using=parts)
+    finally:
+        post_delete.disconnect(fail, sender=Stream)
+    assert sql("SELECT count(*) FROM pgstreams_chunk WHERE stream_id = ANY(%s)", [ids]) == [(6,)]
+    assert partitions.days(parts, marked=True) == []
+
+
+def test_a_sessions_own_value_of_the_days_setting_keeps_no_chunk(parts: str) -> None:
+    """Set at the session's level (as a client of a pooled connection could leave it), a value
+    that is no day's range is none: a stream's delete deletes its chunks (it raised DataError)."""
+    ids = [uuid.uuid4()]
+    streams(ids, 3, None)
+    for value in ("on", "garbage", "", partitions.bound(DAY).hex):
+        sql("SELECT set_config('pgstreams.day_dropped', %s, false)", [value])
+        try:
+            Stream.objects.using(ALIAS).filter(pk__in=ids).delete()
+        finally:
+            sql("RESET pgstreams.day_dropped")
+        assert sql("SELECT count(*) FROM pgstreams_chunk WHERE stream_id = ANY(%s)", [ids]) == [(0,)], value
+        streams(ids, 3, None)
 
 
 def holding_the_lock(

@@ -19,8 +19,10 @@ BEGIN
         EXCEPTION WHEN object_in_use THEN  -- this statement truncates the chunks too
             DELETE FROM pgstreams_chunk;
         END;
-    ELSIF coalesce(current_setting('pgstreams.day_dropped', true), '') <> '' THEN
-        -- "low high": the day whose partition is dropped next, with its streams' chunks.
+    ELSIF coalesce(current_setting('pgstreams.day_dropped', true), '')
+          ~ '^([0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}) ([0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12})$' THEN
+        -- "low high": the day whose partition is dropped next, with its streams' chunks (any
+        -- other value, as a session's own, is no day: the chunks go as always).
         DELETE FROM pgstreams_chunk WHERE stream_id = ANY (ARRAY(
             SELECT id FROM gone
             WHERE id < split_part(current_setting('pgstreams.day_dropped'), ' ', 1)::uuid
